@@ -1,0 +1,552 @@
+"""
+One GPT with switchable residual connections, in one file.
+
+    standard   h_{j+1} = h_j + f_j(n_j(h_j))                   the GPT-2 residual stream
+    attnres    x_j = route(w_j, sources)                        Attention Residuals (no stream)
+    delta      x_j = h_j + route(w_j, sources)                  Delta Attention Residuals
+    rd         attnres, with a second route for the values      Role-Decoupled AttnRes
+
+A "sublayer" is half a transformer block: j = 0 .. 2L-1, even j attention, odd j MLP.
+`route` is a softmax over depth (one weight per source, per token) with a learned
+pseudo-query per sublayer. The sources are the embedding and what earlier sublayers
+(or blocks of sublayers) added to the model. Optional low-rank linears (W = B A) with
+a Duplicated Latent Residual (DLR). The math, equation by equation, is in the README.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RESIDUAL_MODES = ("standard", "attnres", "delta", "rd")
+LOWRANK_ACTIVATIONS = {"silu": F.silu, "identity": lambda z: z}
+ROUTING_RMS_EPS = 1e-6  # eps of the gainless rmsnorm applied to routing keys
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
+    residual: str = "standard"  # standard | attnres | delta | rd
+    res_blocks: int = 0  # routing blocks: 0 = one per sublayer, else a divisor of 2 * n_layer
+    lowrank_rank: int = 0  # 0 = dense linears, r > 0 = W = B A with rank r
+    lowrank_act: str = "silu"  # activation between A and B: silu | identity
+    dlr: bool = False  # add the Duplicated Latent Residual to every low-rank linear
+    dlr_alpha: float = 1.0
+
+    def __post_init__(self):
+        def need(ok, field, allowed):
+            if not ok:
+                raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is not allowed: {allowed}")
+
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "use a positive integer")
+        need(self.n_embd % self.n_head == 0, "n_embd", f"it must be a multiple of n_head={self.n_head}")
+        need(0.0 <= self.dropout < 1.0, "dropout", "use a value in [0, 1)")
+        need(self.residual in RESIDUAL_MODES, "residual", f"use one of {', '.join(RESIDUAL_MODES)}")
+        n_sub = 2 * self.n_layer
+        need(isinstance(self.res_blocks, int) and self.res_blocks >= 0 and (self.res_blocks == 0 or n_sub % self.res_blocks == 0),
+             "res_blocks", f"use 0 (per sublayer) or a divisor of 2 * n_layer = {n_sub}")
+        need(isinstance(self.lowrank_rank, int) and 0 <= self.lowrank_rank <= self.n_embd, "lowrank_rank",
+             f"use 0 (dense) or a rank in 1..n_embd={self.n_embd}")
+        need(self.lowrank_act in LOWRANK_ACTIVATIONS, "lowrank_act", f"use one of {', '.join(LOWRANK_ACTIVATIONS)}")
+        need(not self.dlr or self.lowrank_rank > 0, "dlr", "DLR needs low-rank linears: set lowrank_rank > 0")
+        need(math.isfinite(self.dlr_alpha), "dlr_alpha", "use a finite number")
+
+    @classmethod
+    def from_dict(cls, d):
+        """Like GPTConfig(**d), but an unknown key is a clear error rather than a TypeError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig key(s) {unknown}; known keys: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    @property
+    def sublayers_per_block(self):
+        """How many consecutive sublayers share one routing block (1 = per-sublayer routing)."""
+        return 1 if self.res_blocks == 0 else 2 * self.n_layer // self.res_blocks
+
+
+# -----------------------------------------------------------------------------
+# Low-rank linear with a Duplicated Latent Residual
+
+class LowRankLinear(nn.Module):
+    """
+    y = B act(A x) + bias  [+ (alpha / sqrt(K)) expand_K(z)  when dlr]
+    A: r x d_in, B: d_out x r, K = ceil(d_out / r), expand_K(z)[o] = z[o // K].
+    """
+
+    def __init__(self, d_in, d_out, rank, bias, act="silu", dlr=False, dlr_alpha=1.0):
+        super().__init__()
+        self.A = nn.Linear(d_in, rank, bias=False)
+        self.B = nn.Linear(rank, d_out, bias=bias)
+        self.act_name = act
+        self.act = LOWRANK_ACTIVATIONS[act]
+        self.dlr = dlr
+        if dlr:
+            K = math.ceil(d_out / rank)
+            # expand_K as a matrix: R[o, i] = 1 if i == o // K. B z + s R z = (B + s R) z, so the
+            # DLR term costs one d_out x r add per step instead of a pass over every token.
+            # Both buffers are non-persistent: DLR adds nothing to the state dict.
+            R = F.one_hot(torch.arange(d_out) // K, rank).float()
+            self.register_buffer("dlr_matrix", R, persistent=False)
+            self.register_buffer("dlr_scale", torch.tensor(dlr_alpha / math.sqrt(K)), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # DLR/CoLA init: A and B both with std r^-1/4 (d_in + d_out)^-1/4, so B A has std ~ (d_in + d_out)^-1/2
+        std = self.A.out_features ** -0.25 * (self.A.in_features + self.B.out_features) ** -0.25
+        nn.init.normal_(self.A.weight, std=std)
+        nn.init.normal_(self.B.weight, std=std)
+        if self.B.bias is not None:
+            nn.init.zeros_(self.B.bias)
+
+    def up_weight(self):
+        """B, or B + (alpha/sqrt(K)) R with DLR: the weight the latents are multiplied by."""
+        return self.B.weight + self.dlr_scale * self.dlr_matrix if self.dlr else self.B.weight
+
+    def forward(self, x, rows=slice(None)):
+        z = self.act(self.A(x))
+        bias = None if self.B.bias is None else self.B.bias[rows]
+        return F.linear(z, self.up_weight()[rows], bias)
+
+    @torch.no_grad()
+    def fold_dlr(self):
+        """SPEC "Folding": B <- B + (alpha/sqrt(K)) R, then the DLR term is off. Same outputs, plain low-rank cost."""
+        if self.dlr:
+            self.B.weight.copy_(self.up_weight())
+            self.dlr = False
+            del self.dlr_matrix, self.dlr_scale
+
+
+def make_linear(config, d_in, d_out):
+    """A transformer linear: dense, or low-rank (with DLR) when config.lowrank_rank > 0."""
+    if config.lowrank_rank == 0:
+        return nn.Linear(d_in, d_out, bias=config.bias)
+    return LowRankLinear(d_in, d_out, config.lowrank_rank, config.bias, config.lowrank_act, config.dlr, config.dlr_alpha)
+
+
+def linear_rows(linear, x, rows):
+    """Output features `rows` of a dense or low-rank linear, computing only those rows."""
+    if isinstance(linear, LowRankLinear):
+        return linear(x, rows)
+    return F.linear(x, linear.weight[rows], None if linear.bias is None else linear.bias[rows])
+
+
+# -----------------------------------------------------------------------------
+# The backbone: GPT-2's attention, MLP and block, with GPT-2's parameter names
+
+class LayerKVCache:
+    """Keys and values of the positions seen so far by one attention layer, for incremental decoding."""
+
+    def __init__(self, max_len):
+        self.max_len = max_len
+        self.k = self.v = None
+        self.length = 0
+
+    def append(self, k, v):
+        B, nh, T, hs = k.shape
+        if self.k is None:  # allocate on first use, in the dtype the model computes in (autocast or not)
+            self.k = k.new_empty(B, nh, self.max_len, hs)
+            self.v = v.new_empty(B, nh, self.max_len, hs)
+        self.k[:, :, self.length:self.length + T] = k
+        self.v[:, :, self.length:self.length + T] = v
+        self.length += T
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_attn = make_linear(config, config.n_embd, 3 * config.n_embd)  # q, k, v rows, in that order
+        self.c_proj = make_linear(config, config.n_embd, config.n_embd)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+
+    def forward(self, x, x_v=None, cache=None):
+        B, T, C = x.size()
+        if x_v is None:
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:
+            # rd: queries and keys from the QK route's input, values from the value route's input,
+            # each computed with only its own rows of c_attn, so RD costs no extra projection FLOPs.
+            q, k = linear_rows(self.c_attn, x, slice(0, 2 * C)).split(C, dim=2)
+            v = linear_rows(self.c_attn, x_v, slice(2 * C, 3 * C))
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.append(k, v)
+        if past == 0:
+            mask, is_causal = None, True
+        elif T == 1:
+            mask, is_causal = None, False  # one new token may see every cached position
+        else:
+            mask, is_causal = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past), False
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = make_linear(config, config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU()
+        self.c_proj = make_linear(config, 4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """One transformer layer: two sublayers, attention (j = 2l) and MLP (j = 2l + 1), each with its pre-norm."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+        if config.residual != "standard":  # routing pseudo-queries, zero = uniform weights at init
+            self.attn_res_query = nn.Parameter(torch.zeros(config.n_embd))
+            self.mlp_res_query = nn.Parameter(torch.zeros(config.n_embd))
+        if config.residual == "rd":
+            self.attn_res_query_v = nn.Parameter(torch.zeros(config.n_embd))  # starts equal to attn_res_query
+
+    def attn_sublayer(self, x, x_v=None, cache=None):
+        return self.attn(self.ln_1(x), None if x_v is None else self.ln_1(x_v), cache)
+
+    def mlp_sublayer(self, x):
+        return self.mlp(self.ln_2(x))
+
+
+# -----------------------------------------------------------------------------
+# Routing: the one operation every routed mode shares
+
+def routing_key(s):
+    """rmsnorm without a gain (a gain would only rescale the query): keys are normalised, values are not."""
+    return F.rms_norm(s, (s.size(-1),), eps=ROUTING_RMS_EPS)
+
+
+class DepthSources:
+    """
+    The sources routed sublayers attend over, and the route itself (SPEC "Routing"):
+
+        a_i = softmax_i( w . rmsnorm(s_i) )      per token, a softmax over depth
+        mix = sum_i a_i s_i
+
+    The sources are [e, b_1, .., b_{k-1}, p]: the embedding, the sum of the outputs of each
+    completed routing block, and the running sum p of the current block (left out while the
+    block is empty). With one sublayer per block this is [e, out_0, .., out_{j-1}].
+    attnres, delta and rd all use these same sources (in delta they are the stream's deltas:
+    b_k = h(end of block k) - h(start of block k), so sum(sources) = h_j telescopes).
+
+    Fast paths, none of which changes the math:
+    - each completed source is normalised once, and because the pseudo-queries do not depend on
+      the input, its logits against every route are one [B, T, d] x [d, R] matmul, done when the
+      source is created; a route then only slices its column.
+    - the mix is a running addcmul over the source list: nothing is stacked, so autograd keeps
+      each source once (memory O(depth), not O(depth^2) as a stack per sublayer would).
+    """
+
+    def __init__(self, e, queries, collect=False):
+        self.queries = queries  # [R, d]: every pseudo-query of the model, one row per route
+        self.values = []  # completed sources
+        self.logits = None  # [B, T, n_completed, R]: each completed source against every route
+        self.partial = None  # p, the running sum of the current block
+        self.partial_key = None
+        self.collect = collect
+        self.weights = {}  # route -> mean depth weights over batch and positions (when collecting)
+        self.add(e)
+        self.end_block()
+
+    def add(self, out):
+        """A sublayer's output joins the current block's running sum p."""
+        self.partial = out if self.partial is None else self.partial + out
+        self.partial_key = None
+
+    def end_block(self):
+        """The current block is complete: p becomes a source of its own."""
+        logits = (routing_key(self.partial) @ self.queries.t()).unsqueeze(2)  # [B, T, 1, R]
+        self.logits = logits if self.logits is None else torch.cat([self.logits, logits], dim=2)
+        self.values.append(self.partial)
+        self.partial = self.partial_key = None
+
+    def route(self, r):
+        """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources."""
+        logits, values = self.logits[..., r], self.values  # [B, T, m]
+        if self.partial is not None:  # p changes after every sublayer, so its logit is computed per route
+            if self.partial_key is None:
+                self.partial_key = routing_key(self.partial)
+            logits = torch.cat([logits, (self.partial_key @ self.queries[r]).unsqueeze(-1)], dim=-1)
+            values = values + [self.partial]
+        a = logits.softmax(dim=-1)
+        if self.collect:
+            self.weights[r] = a.detach().float().mean(dim=(0, 1)).cpu()
+        mix = values[0] * a[..., 0:1]
+        for i in range(1, len(values)):
+            mix = torch.addcmul(mix, values[i], a[..., i:i + 1])
+        return mix
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        if config.residual in ("attnres", "rd"):  # replacement routing has no stream: the output is one more route
+            self.transformer.res_query_out = nn.Parameter(torch.zeros(config.n_embd))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.last_routing = None  # filled by forward(..., collect_routing=True)
+
+        self.apply(self._init_weights)
+        for m in self.modules():
+            if isinstance(m, LowRankLinear):
+                m.reset_parameters()  # the low-rank recipe, not GPT-2's 0.02
+        for pn, p in self.named_parameters():
+            if pn.endswith("c_proj.weight"):  # scaled init of residual projections, per GPT-2 paper
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameter count; the position embedding is left out by default (the token one is the tied head)."""
+        n_params = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n_params -= self.transformer.wpe.weight.numel()
+        return n_params
+
+    # --- routes: row r of route_queries() is the pseudo-query of route r
+
+    def route_queries(self):
+        """All pseudo-queries as one [R, d] matrix. Rows: 2l and 2l+1 the attention and MLP input
+        routes of layer l (row j = sublayer j), then (rd) the value route of each layer at 2L + l,
+        then (attnres, rd) the output route last."""
+        blocks = self.transformer.h
+        rows = [q for b in blocks for q in (b.attn_res_query, b.mlp_res_query)]
+        if self.config.residual == "rd":
+            rows += [b.attn_res_query_v for b in blocks]
+        if self.config.residual in ("attnres", "rd"):
+            rows.append(self.transformer.res_query_out)
+        return torch.stack(rows)
+
+    def route_names(self):
+        """A readable name for each route row, e.g. 'L3.attn', 'L3.attn.v', 'out'."""
+        L = self.config.n_layer
+        names = [f"L{l}.{s}" for l in range(L) for s in ("attn", "mlp")]
+        if self.config.residual == "rd":
+            names += [f"L{l}.attn.v" for l in range(L)]
+        if self.config.residual in ("attnres", "rd"):
+            names.append("out")
+        return names
+
+    def route_source_counts(self):
+        """m, the number of sources each route reads (same order as route_queries)."""
+        per_block = self.config.sublayers_per_block
+        counts = [1 + j // per_block + (j % per_block > 0) for j in range(2 * self.config.n_layer)]
+        if self.config.residual == "rd":
+            counts += counts[0::2]
+        if self.config.residual in ("attnres", "rd"):
+            counts.append(1 + 2 * self.config.n_layer // per_block)
+        return counts
+
+    def make_cache(self):
+        """An empty key-value cache for incremental decoding (see generate)."""
+        return [LayerKVCache(self.config.block_size) for _ in range(self.config.n_layer)]
+
+    def forward(self, idx, targets=None, cache=None, collect_routing=False):
+        device = idx.device
+        b, t = idx.size()
+        past = 0 if cache is None else cache[0].length
+        assert past + t <= self.config.block_size, f"cannot forward {past + t} positions, block_size is {self.config.block_size}"
+        pos = torch.arange(past, past + t, dtype=torch.long, device=device)
+
+        e = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        mode, L = self.config.residual, self.config.n_layer
+        depth = None if mode == "standard" else DepthSources(e, self.route_queries(), collect_routing)
+        per_block = self.config.sublayers_per_block
+        h = e  # the residual stream (standard, delta); attnres and rd keep none
+        for j in range(2 * L):
+            block = self.transformer.h[j // 2]
+            # the sublayer's input: the one place where the modes differ
+            if mode == "standard":
+                x = h  # x_j = h_j
+            elif mode == "delta":
+                x = h + depth.route(j)  # x_j = h_j + route(w_j, deltas)
+            else:
+                x = depth.route(j)  # attnres, rd: x_j = route(w_j, sources)
+            if j % 2 == 0:
+                x_v = depth.route(2 * L + j // 2) if mode == "rd" else None  # rd: x_v = route(w_v, sources)
+                out = block.attn_sublayer(x, x_v, None if cache is None else cache[j // 2])
+            else:
+                out = block.mlp_sublayer(x)
+            if mode != "attnres" and mode != "rd":
+                h = h + out  # h_{j+1} = h_j + f_j(n_j(x_j))
+            if depth is not None:
+                depth.add(out)  # p += out_j
+                if (j + 1) % per_block == 0:
+                    depth.end_block()  # p becomes b_k (attnres) or D_k (delta)
+        if mode in ("attnres", "rd"):
+            h = depth.route(len(self.route_names()) - 1)  # the output route over all completed sources
+        if depth is not None and collect_routing:
+            self.last_routing = routing_stats(depth.weights, self.route_names(), mode)
+        x = self.transformer.ln_f(h)
+
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+        else:
+            logits = self.lm_head(x[:, [-1], :])  # inference: only the last position is needed
+            loss = None
+        return logits, loss
+
+    # --- training helpers
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, res_query_lr_mult=1.0):
+        """AdamW with three groups: matrices (decayed), vectors (not decayed), and the routing
+        pseudo-queries (not decayed; lr scaled by res_query_lr_mult, stored as the group's
+        'lr_mult' for the training loop to apply)."""
+        params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
+        queries = [p for pn, p in params.items() if "res_query" in pn]
+        decay = [p for pn, p in params.items() if "res_query" not in pn and p.dim() >= 2]
+        no_decay = [p for pn, p in params.items() if "res_query" not in pn and p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": weight_decay, "lr_mult": 1.0},
+            {"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0},
+        ]
+        if queries:
+            groups.append({"params": queries, "weight_decay": 0.0, "lr_mult": res_query_lr_mult})
+        for g in groups:
+            g["lr"] = learning_rate * g["lr_mult"]
+        fused = device_type == "cuda"
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+
+    def flops_per_token(self):
+        """Training FLOPs (forward + backward, 3x forward) per token, counting every matmul weight
+        (low-rank factors included, the tied head once), attention scores, and the routing."""
+        cfg = self.config
+        d, T, L = cfg.n_embd, cfg.block_size, cfg.n_layer
+        matmul_params = self.get_num_params() - sum(p.numel() for pn, p in self.named_parameters()
+                                                    if p.dim() < 2)  # vectors are no matmul work
+        flops = 6 * matmul_params + 12 * L * d * T
+        if cfg.residual != "standard":
+            counts = self.route_source_counts()
+            n_routes, n_sources = len(counts), 1 + 2 * L // cfg.sublayers_per_block
+            # per route: m logits (reused) + weighted sum of m sources (2 d m); per source: key logits vs all routes (2 d R)
+            route_fwd = sum(2 * d * m for m in counts) + n_sources * 2 * d * n_routes
+            flops += 3 * route_fwd
+        return flops
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=312e12):
+        """Model FLOPs utilisation: achieved FLOP/s over peak_flops (default: A100 bf16, 312 TFLOP/s)."""
+        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
+        return flops_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def fold_dlr(self):
+        """Absorb every DLR term into its B (SPEC "Folding"); the model then has config.dlr = False."""
+        for m in self.modules():
+            if isinstance(m, LowRankLinear):
+                m.fold_dlr()
+        self.config.dlr = False
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Continue idx (b, t) by max_new_tokens tokens. temperature=0 is greedy decoding. With the
+        key-value cache each new token costs one one-token forward; once the context is full the
+        window slides, positions shift, and the cache is rebuilt for every step (as without it)."""
+        cache = None
+        for _ in range(max_new_tokens):
+            if cache is not None and cache[0].length < self.config.block_size:
+                logits, _ = self(idx[:, -1:], cache=cache)
+            else:
+                idx_cond = idx[:, -self.config.block_size:]
+                cache = self.make_cache() if use_cache else None
+                logits, _ = self(idx_cond, cache=cache)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                probs = F.softmax(logits, dim=-1)
+                idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+
+# -----------------------------------------------------------------------------
+# Routing diagnostics
+
+def routing_stats(weights, names, mode):
+    """Per route: the mean depth distribution over batch and positions, its max weight, its entropy
+    normalised by log(m), and for rd the Jensen-Shannon divergence between each layer's QK and V
+    routes. A route with a single source makes no choice and gets no statistics."""
+    stats = {}
+    for r, p in sorted(weights.items()):
+        m = p.numel()
+        entry = {"weights": p.tolist(), "sources": m}
+        if m > 1:
+            entropy = -(p * p.clamp_min(1e-12).log()).sum().item()
+            entry.update(max_weight=p.max().item(), entropy=entropy / math.log(m))
+        stats[names[r]] = entry
+    if mode == "rd":
+        for name in list(stats):
+            if name.endswith(".attn.v") and stats[name]["sources"] > 1:
+                p, q = (torch.tensor(stats[n]["weights"]) for n in (name[:-2], name))
+                stats[name]["js_qk_v"] = js_divergence(p, q)
+    return stats
+
+
+def js_divergence(p, q):
+    """Jensen-Shannon divergence (nats) of two distributions: mean KL to their average."""
+    mid = 0.5 * (p + q)
+    kl = lambda a, b: (a * (a.clamp_min(1e-12) / b.clamp_min(1e-12)).log()).sum().item()
+    return 0.5 * kl(p, mid) + 0.5 * kl(q, mid)
+
+
+def routing_summary(stats):
+    """Two numbers for a log line: max weight of the deepest routed sublayer, mean normalised entropy."""
+    sublayers = [s for n, s in stats.items() if n != "out" and not n.endswith(".v") and "entropy" in s]
+    if not sublayers:
+        return {}
+    summary = {"deep_max_weight": sublayers[-1]["max_weight"],
+               "mean_entropy": sum(s["entropy"] for s in sublayers) / len(sublayers)}
+    js = [s["js_qk_v"] for s in stats.values() if "js_qk_v" in s]
+    if js:
+        summary["mean_js"] = sum(js) / len(js)
+    return summary

@@ -1,0 +1,453 @@
+"""
+The SPEC's claims about model.py, as tests.
+
+Tolerances. The exact equivalences (SPEC 1, 3, 4) and the comparison with the loop-by-loop
+transcription run in float64 with every LayerNorm's epsilon set to 0: then the math says the two
+sides are equal, and all that separates them is float64 rounding (unit 1e-16; a few hundred
+rounding steps through the network stay far below 1e-9). With the default epsilon 1e-5,
+equivalence 1 only holds "up to the pre-norm epsilon": attnres feeds LayerNorm h/m, and
+LN(h/m) = (h - mean) / sqrt(var + eps m^2), which differs from LN(h) when var is not >> eps m^2
+(test_zero_queries_default_eps_bound measures this).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, LowRankLinear, ROUTING_RMS_EPS, routing_summary
+
+ROUTED = ("attnres", "delta", "rd")
+LINEARS = {  # name -> config overrides
+    "dense": {},
+    "lowrank": {"lowrank_rank": 8},
+    "dlr": {"lowrank_rank": 8, "dlr": True},
+}
+EXACT = 1e-9  # float64, eps = 0: see the module docstring
+
+
+def tiny_config(**overrides):
+    cfg = dict(block_size=16, vocab_size=64, n_layer=3, n_head=2, n_embd=32, dropout=0.0, bias=True)
+    cfg.update(overrides)
+    return GPTConfig(**cfg)
+
+
+def make_model(seed=0, exact=True, **overrides):
+    """A model with random non-trivial weights (LayerNorm gains and biases too)."""
+    torch.manual_seed(seed)
+    model = GPT(tiny_config(**overrides))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln" in name:
+                p.add_(0.3 * torch.randn_like(p))
+            if name.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    if exact:
+        model.double()
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.eps = 0.0
+    return model.eval()
+
+
+def randomise_queries(model, seed=1, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "res_query" in name:
+                p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def batch(seed=0, b=3, t=16, vocab=64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (b, t), generator=g)
+
+
+def all_logits(model, idx):
+    logits, _ = model(idx, targets=torch.zeros_like(idx))  # targets: logits at every position
+    return logits
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+# -----------------------------------------------------------------------------
+# SPEC equivalences
+
+@pytest.mark.parametrize("linear", LINEARS)
+@pytest.mark.parametrize("res_blocks", [0, 2, 3, 6])
+@pytest.mark.parametrize("mode", ROUTED)
+def test_zero_queries_equal_standard(mode, res_blocks, linear):
+    """SPEC 1: with zero pseudo-queries every routed mode is the standard model, at every granularity."""
+    standard = make_model(**LINEARS[linear])
+    routed = make_model(residual=mode, res_blocks=res_blocks, **LINEARS[linear])
+    missing, unexpected = routed.load_state_dict(standard.state_dict(), strict=False)
+    assert not unexpected and missing and all("res_query" in k for k in missing)
+    idx = batch()
+    assert max_diff(all_logits(routed, idx), all_logits(standard, idx)) < EXACT
+
+
+def test_zero_queries_default_eps_bound():
+    """With LayerNorm's eps the equivalence is approximate; the gap shrinks as the stream's variance grows."""
+    gaps = []
+    for scale in (1.0, 30.0):
+        standard = make_model(exact=False)
+        with torch.no_grad():  # a bigger position embedding = a stream with a bigger variance (wte is the head)
+            standard.transformer.wpe.weight.mul_(scale)
+        routed = make_model(exact=False, residual="attnres")
+        routed.load_state_dict(standard.state_dict(), strict=False)
+        idx = batch()
+        gaps.append(max_diff(all_logits(routed, idx), all_logits(standard, idx)))
+    print(f"attnres vs standard, eps=1e-5, float32: max |logit diff| {gaps[0]:.2e} (wpe std 0.02), "
+          f"{gaps[1]:.2e} (wpe std 0.6)")
+    assert gaps[1] < gaps[0] / 3 and gaps[1] < 1e-3
+
+
+@pytest.mark.parametrize("linear", LINEARS)
+@pytest.mark.parametrize("res_blocks", [0, 3])
+def test_rd_tied_equals_attnres(res_blocks, linear):
+    """SPEC 3: rd with w_v tied to w_qk is attnres, for random non-zero queries."""
+    attnres = make_model(residual="attnres", res_blocks=res_blocks, **LINEARS[linear])
+    randomise_queries(attnres)
+    rd = make_model(residual="rd", res_blocks=res_blocks, **LINEARS[linear])
+    missing, unexpected = rd.load_state_dict(attnres.state_dict(), strict=False)
+    assert not unexpected and all(k.endswith("attn_res_query_v") for k in missing)
+    with torch.no_grad():
+        for block in rd.transformer.h:
+            block.attn_res_query_v.copy_(block.attn_res_query)
+    idx = batch()
+    assert max_diff(all_logits(rd, idx), all_logits(attnres, idx)) < EXACT
+    with torch.no_grad():  # and untying them changes the function, far beyond float64 rounding
+        for block in rd.transformer.h:
+            block.attn_res_query_v.copy_(3 * torch.randn_like(block.attn_res_query_v))
+    assert max_diff(all_logits(rd, idx), all_logits(attnres, idx)) > 1e-10  # rounding here is ~1e-15
+
+
+@pytest.mark.parametrize("linear", ["dense", "dlr"])
+@pytest.mark.parametrize("mode", ROUTED)
+def test_res_blocks_2L_equals_per_sublayer(mode, linear):
+    """SPEC 4: res_blocks = 2L (blocks of one sublayer) is per-sublayer routing (res_blocks = 0)."""
+    per_sublayer = make_model(residual=mode, res_blocks=0, **LINEARS[linear])
+    randomise_queries(per_sublayer)
+    blocks_2L = make_model(residual=mode, res_blocks=6, **LINEARS[linear])
+    blocks_2L.load_state_dict(per_sublayer.state_dict())
+    idx = batch()
+    assert max_diff(all_logits(blocks_2L, idx), all_logits(per_sublayer, idx)) < EXACT
+
+
+# -----------------------------------------------------------------------------
+# The SPEC's equations, transcribed loop by loop, independently of DepthSources
+
+def spec_route(w, sources):
+    """a_i = softmax_i(w . rmsnorm(s_i)); mix = sum_i a_i s_i, one source at a time."""
+    logits = []
+    for s in sources:
+        key = s / torch.sqrt(s.pow(2).mean(-1, keepdim=True) + ROUTING_RMS_EPS)
+        logits.append((key * w).sum(-1))
+    a = torch.softmax(torch.stack(logits, dim=-1), dim=-1)
+    mix = torch.zeros_like(sources[0])
+    for i, s in enumerate(sources):
+        mix = mix + a[..., i:i + 1] * s
+    return mix
+
+
+def spec_attention(block, x_qk, x_v):
+    """Causal self-attention, Q and K from n(x_qk), V from n(x_v), via the full c_attn on each input."""
+    attn, C = block.attn, x_qk.size(-1)
+    q, k, _ = attn.c_attn(block.ln_1(x_qk)).split(C, dim=2)
+    _, _, v = attn.c_attn(block.ln_1(x_v)).split(C, dim=2)
+    B, T, _ = q.shape
+    q, k, v = (t.view(B, T, attn.n_head, -1).transpose(1, 2) for t in (q, k, v))
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    y = (att @ v).transpose(1, 2).reshape(B, T, C)
+    return attn.c_proj(y)
+
+
+def spec_forward(model, idx):
+    cfg = model.config
+    L, mode = cfg.n_layer, cfg.residual
+    S = 1 if cfg.res_blocks == 0 else 2 * L // cfg.res_blocks  # sublayers per routing block
+    tr = model.transformer
+    e = tr.wte(idx) + tr.wpe(torch.arange(idx.size(1)))
+    h = [e]  # h_j, the stream (standard, delta)
+    outs = []  # out_j
+    for j in range(2 * L):
+        block = tr.h[j // 2]
+        k_now = j // S  # index of the current routing block
+        if mode == "delta":
+            # D_k = h(end of block k) - h(start of block k); P = h_j - h(start of current block)
+            sources = [e] + [h[(k + 1) * S] - h[k * S] for k in range(k_now)]
+            if j % S:
+                sources.append(h[j] - h[k_now * S])
+        else:
+            # b_k = sum of the outputs of block k; p = sum of the outputs so far in the current block
+            sources = [e] + [sum(outs[k * S:(k + 1) * S]) for k in range(k_now)]
+            if j % S:
+                sources.append(sum(outs[k_now * S:j]))
+        if mode == "standard":
+            x = h[j]
+        else:
+            w = block.attn_res_query if j % 2 == 0 else block.mlp_res_query
+            x = spec_route(w, sources) + (h[j] if mode == "delta" else 0)
+        if j % 2 == 0:
+            x_v = spec_route(block.attn_res_query_v, sources) if mode == "rd" else x
+            out = spec_attention(block, x, x_v)
+        else:
+            out = block.mlp(block.ln_2(x))
+        outs.append(out)
+        h.append(h[j] + out)
+    if mode in ("attnres", "rd"):
+        final = spec_route(tr.res_query_out, [e] + [sum(outs[k * S:(k + 1) * S]) for k in range(2 * L // S)])
+    else:
+        final = h[-1]
+    return model.lm_head(tr.ln_f(final))
+
+
+@pytest.mark.parametrize("linear", LINEARS)
+@pytest.mark.parametrize("res_blocks", [0, 2, 3])
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_matches_spec_transcription(mode, res_blocks, linear):
+    model = make_model(residual=mode, res_blocks=res_blocks, **LINEARS[linear])
+    randomise_queries(model)
+    idx = batch()
+    with torch.no_grad():
+        assert max_diff(all_logits(model, idx), spec_forward(model, idx)) < EXACT
+
+
+def test_first_sublayer_inputs():
+    """SPEC: per-sublayer, the first sublayer sees only e: x_0 = e (attnres) and x_0 = 2e (delta)."""
+    seen = {}
+    for mode in ("attnres", "delta"):
+        model = make_model(residual=mode)
+        randomise_queries(model)
+        hook = model.transformer.h[0].ln_1.register_forward_hook(lambda m, i, o: seen.setdefault(mode, i[0]))
+        idx = batch()
+        all_logits(model, idx)
+        hook.remove()
+        e = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(idx.size(1)))
+        seen[mode] = max_diff(seen[mode], e * (2 if mode == "delta" else 1))
+    assert seen["attnres"] < EXACT and seen["delta"] < EXACT
+
+
+# -----------------------------------------------------------------------------
+# DLR
+
+def test_dlr_expand_layout_uneven():
+    """d_out=10, r=4: K = ceil(10/4) = 3 and expand_K(z) = z[0,0,0,1,1,1,2,2,2,3]."""
+    torch.manual_seed(0)
+    layer = LowRankLinear(6, 10, rank=4, bias=True, act="silu", dlr=True, dlr_alpha=0.7)
+    assert layer.dlr_matrix.argmax(dim=1).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert layer.dlr_matrix.sum().item() == 10  # one latent per output
+    with torch.no_grad():
+        layer.B.bias.normal_()
+    x = torch.randn(5, 6)
+    z = F.silu(layer.A(x))
+    expected = layer.B(z) + 0.7 / math.sqrt(3) * z[:, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]]  # SPEC's y, term by term
+    assert max_diff(layer(x), expected) < 1e-6
+
+
+def test_dlr_is_parameter_free_and_changes_output():
+    plain = make_model(exact=False, lowrank_rank=8)
+    dlr = make_model(exact=False, lowrank_rank=8, dlr=True)
+    assert dlr.get_num_params() == plain.get_num_params()
+    assert dlr.state_dict().keys() == plain.state_dict().keys()
+    dlr.load_state_dict(plain.state_dict())
+    idx = batch()
+    assert max_diff(all_logits(dlr, idx), all_logits(plain, idx)) > 1e-3
+
+
+def test_lowrank_init_std():
+    """A and B have std r^-1/4 (d_in + d_out)^-1/4 (published DLR/CoLA recipe)."""
+    torch.manual_seed(0)
+    layer = LowRankLinear(512, 2048, rank=64, bias=False)
+    expected = 64 ** -0.25 * (512 + 2048) ** -0.25
+    for w in (layer.A.weight, layer.B.weight):
+        assert abs(w.std().item() / expected - 1) < 0.02
+
+
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_fold_keeps_logits(mode):
+    model = make_model(exact=False, residual=mode, lowrank_rank=8, dlr=True, dlr_alpha=1.3)
+    randomise_queries(model)
+    idx = batch()
+    before = all_logits(model, idx)
+    model.fold_dlr()
+    after = all_logits(model, idx)
+    diff = max_diff(before, after)
+    print(f"{mode}: fold max |logit diff| = {diff:.2e}")
+    # B + sR is formed in float32 before and after folding: float32 rounding of the logits at most
+    assert diff < 1e-5
+    assert not model.config.dlr
+    plain = make_model(exact=False, residual=mode, lowrank_rank=8)
+    assert model.get_num_params() == plain.get_num_params()
+    assert sum(b.numel() for b in model.buffers()) == sum(b.numel() for b in plain.buffers())
+    plain.load_state_dict(model.state_dict())  # a folded model is a plain low-rank model
+    assert max_diff(all_logits(plain, idx), after) == 0.0
+
+
+# -----------------------------------------------------------------------------
+# Training behaviour
+
+@pytest.mark.parametrize("res_blocks", [0, 2])
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_gradients_reach_everything(mode, res_blocks):
+    """Every parameter, every pseudo-query included, gets a non-zero gradient, even at zero queries;
+    except the queries of routes with a single source (the embedding), where softmax over one is 1."""
+    model = make_model(exact=False, residual=mode, res_blocks=res_blocks, lowrank_rank=8, dlr=True)
+    idx = batch()
+    _, loss = model(idx, targets=batch(seed=1))
+    loss.backward()
+    single_source = set()
+    if mode != "standard":
+        for route, m in zip(model.route_names(), model.route_source_counts()):
+            if m == 1:  # route names "L0.attn", "L0.attn.v", "L0.mlp" -> parameter names
+                layer, kind = route[1:].split(".", 1)
+                suffix = {"attn": "attn_res_query", "attn.v": "attn_res_query_v", "mlp": "mlp_res_query"}[kind]
+                single_source.add(f"transformer.h.{layer}.{suffix}")
+        assert "transformer.h.0.attn_res_query" in single_source  # sublayer 0 reads only e
+    for name, p in model.named_parameters():
+        if name in single_source:
+            assert p.grad is None or p.grad.abs().sum() == 0, name
+        else:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_every_sublayer_output_reaches_the_loss(mode):
+    """The last sublayer's route reads every earlier sublayer: perturbing out_0 moves the loss through it."""
+    model = make_model(exact=False, residual=mode)
+    outs = []
+    for block in model.transformer.h:
+        for mod in (block.attn, block.mlp):
+            mod.register_forward_hook(lambda m, i, o: outs.append(o) or o.retain_grad())
+    _, loss = model(batch(), targets=batch(seed=1))
+    loss.backward()
+    assert len(outs) == 2 * model.config.n_layer
+    for j, out in enumerate(outs):
+        assert out.grad is not None and out.grad.abs().sum() > 0, f"sublayer {j}"
+
+
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_loss_at_init_is_log_vocab(mode):
+    model = make_model(exact=False, residual=mode, vocab_size=256)
+    _, loss = model(batch(vocab=256), targets=batch(seed=1, vocab=256))
+    assert abs(loss.item() - math.log(256)) < 0.05
+
+
+@pytest.mark.parametrize("linear", ["dense", "dlr"])
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_overfits_one_batch(mode, linear):
+    torch.manual_seed(0)
+    model = GPT(tiny_config(residual=mode, n_layer=2, **LINEARS[linear]))
+    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu", res_query_lr_mult=1.0)
+    x, y = batch(b=4), batch(seed=1, b=4)
+    for _ in range(150):
+        _, loss = model(x, targets=y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3, f"{mode}/{linear}: loss {loss.item():.3f} after 150 steps on one batch"
+
+
+def test_optimizer_groups():
+    model = make_model(exact=False, residual="rd")
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", res_query_lr_mult=10.0)
+    named = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay, queries = opt.param_groups
+    assert all(p.dim() == 2 and "res_query" not in named[id(p)] for p in decay["params"]) and decay["weight_decay"] == 0.1
+    assert all(p.dim() == 1 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    assert {named[id(p)] for p in queries["params"]} == {n for n in named.values() if "res_query" in n}
+    assert queries["weight_decay"] == 0.0 and queries["lr"] == pytest.approx(1e-2) and queries["lr_mult"] == 10.0
+    n_grouped = sum(len(g["params"]) for g in opt.param_groups)
+    assert n_grouped == len(list(model.parameters()))
+
+
+def test_flops_count_routing_and_lowrank():
+    dense = GPT(tiny_config())
+    cfg = dense.config
+    matrices = sum(p.numel() for n, p in dense.named_parameters() if p.dim() == 2 and "wpe" not in n)
+    assert dense.flops_per_token() == 6 * matrices + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+    per_sublayer = GPT(tiny_config(residual="attnres"))
+    block = GPT(tiny_config(residual="attnres", res_blocks=2))
+    assert dense.flops_per_token() < block.flops_per_token() < per_sublayer.flops_per_token()
+    lowrank = GPT(tiny_config(lowrank_rank=4))
+    assert lowrank.flops_per_token() < dense.flops_per_token()
+    assert dense.estimate_mfu(2, 1.0, peak_flops=1e9) == pytest.approx(2 * dense.flops_per_token() * 16 / 1e9)
+
+
+# -----------------------------------------------------------------------------
+# Routing diagnostics
+
+def test_routing_diagnostics():
+    model = make_model(exact=False, residual="rd", res_blocks=3)
+    assert model.last_routing is None
+    model(batch())
+    assert model.last_routing is None  # only collected when asked for
+    model(batch(), collect_routing=True)
+    stats = model.last_routing
+    counts = dict(zip(model.route_names(), model.route_source_counts()))
+    for name, s in stats.items():
+        assert len(s["weights"]) == counts[name] and abs(sum(s["weights"]) - 1) < 1e-5
+        if counts[name] > 1:  # zero queries: uniform weights
+            assert s["max_weight"] == pytest.approx(1 / counts[name]) and s["entropy"] == pytest.approx(1.0)
+    assert all(s["js_qk_v"] == pytest.approx(0.0, abs=1e-9) for s in stats.values() if "js_qk_v" in s)
+    randomise_queries(model, scale=5.0)
+    model(batch(), collect_routing=True)
+    summary = routing_summary(model.last_routing)
+    assert summary["mean_entropy"] < 1.0 and summary["mean_js"] > 0 and summary["deep_max_weight"] > 1 / 4
+
+
+# -----------------------------------------------------------------------------
+# Generation with the key-value cache
+
+@pytest.mark.parametrize("linear", ["dense", "dlr"])
+@pytest.mark.parametrize("mode,res_blocks", [("standard", 0), ("attnres", 0), ("attnres", 2),
+                                             ("delta", 0), ("delta", 3), ("rd", 0), ("rd", 2)])
+def test_cached_generation_equals_uncached(mode, res_blocks, linear):
+    model = make_model(exact=False, residual=mode, res_blocks=res_blocks, **LINEARS[linear])
+    randomise_queries(model)
+    prompt = batch(b=2, t=5)
+    # 20 new tokens from 5 runs past block_size=16, so the sliding window is exercised too
+    cached = model.generate(prompt, 20, temperature=0, use_cache=True)
+    uncached = model.generate(prompt, 20, temperature=0, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_cached_forward_matches_full_forward():
+    model = make_model(residual="rd", res_blocks=2)
+    randomise_queries(model)
+    idx = batch(b=2, t=12)
+    full = all_logits(model, idx)
+    cache = model.make_cache()
+    model(idx[:, :7], cache=cache)  # prefill
+    for t in range(7, 12):
+        step, _ = model(idx[:, t:t + 1], cache=cache)
+        assert max_diff(step[:, 0], full[:, t]) < EXACT
+    assert cache[0].length == 12
+
+
+# -----------------------------------------------------------------------------
+# Bad configurations
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"residual": "highway"}, "residual"),
+    ({"res_blocks": 4}, "res_blocks"),  # 2L = 6
+    ({"res_blocks": -1}, "res_blocks"),
+    ({"lowrank_rank": -2}, "lowrank_rank"),
+    ({"lowrank_act": "relu", "lowrank_rank": 4}, "lowrank_act"),
+    ({"dlr": True}, "dlr"),
+    ({"n_embd": 33}, "n_embd"),
+    ({"dropout": 1.5}, "dropout"),
+])
+def test_bad_config_raises(overrides, field):
+    with pytest.raises(ValueError, match=rf"GPTConfig\.{field}=") as err:
+        tiny_config(**overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_config_key():
+    with pytest.raises(ValueError, match="unknown GPTConfig key.*'res_block'"):
+        GPTConfig.from_dict({"n_layer": 2, "res_block": 2})
