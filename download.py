@@ -1,0 +1,168 @@
+"""
+Download one file so that an interrupted or broken transfer never looks like a finished one.
+
+    download(url, dest)  ->  dest
+
+The bytes stream into dest + ".part" with a progress line on stderr. A dropped
+connection is resumed with an HTTP Range request (or restarted, if the server ignores
+Range); timeouts, dropped connections and 5xx answers are retried with exponential
+backoff; 4xx answers fail at once. Only when the file has the length the server
+announced is it renamed to dest. Every expected failure is a DownloadError with a
+one-line message that says what to do.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+
+CHUNK_BYTES = 1 << 16  # a read cut short by a dropped connection is lost, so keep reads small
+
+
+class DownloadError(RuntimeError):
+    """A download that cannot succeed by retrying now; the message says what to do."""
+
+
+class _Retry(Exception):
+    """A failure worth another attempt: a dropped connection, a timeout, a 5xx."""
+
+
+def _content_range(value):
+    # "bytes 100-199/200" -> (100, 200); the total may be "*" (unknown) -> (100, None)
+    try:
+        unit, spec = value.split(" ", 1)
+        span, total = spec.split("/", 1)
+        return int(span.split("-", 1)[0]), (None if total == "*" else int(total))
+    except (AttributeError, ValueError):
+        return None, None
+
+
+def _reason(exc):
+    # requests wraps urllib3's error, which wraps the socket's: show the inner one without its object repr
+    inner = getattr(exc.args[0], "reason", None) if exc.args else None
+    return str(inner).split(": ", 1)[-1] if inner else str(exc) or type(exc).__name__
+
+
+class _Progress:
+    """A one-line progress report on stderr: redrawn in a terminal, a line every 10 s in a log."""
+
+    def __init__(self, desc, done, total, quiet):
+        self.desc, self.done, self.total, self.quiet = desc, done, total, quiet
+        self.tty = sys.stderr.isatty()
+        self.start = self.last = time.time()
+        self.start_bytes = done
+
+    def update(self, n):
+        self.done += n
+        now = time.time()
+        if not self.quiet and now - self.last >= (0.2 if self.tty else 10.0):
+            self.last = now
+            self._show(end="\r" if self.tty else "\n")
+
+    def close(self):
+        if not self.quiet:
+            self._show(end="\n")
+
+    def _show(self, end):
+        mb = self.done / 1e6
+        rate = (self.done - self.start_bytes) / 1e6 / max(time.time() - self.start, 1e-6)
+        if self.total:
+            text = f"{self.desc}: {mb:,.1f}/{self.total / 1e6:,.1f} MB ({100 * self.done / self.total:.0f}%), {rate:.1f} MB/s"
+        else:
+            text = f"{self.desc}: {mb:,.1f} MB, {rate:.1f} MB/s"
+        print(text.ljust(79) if end == "\r" else text, end=end, file=sys.stderr, flush=True)  # pad over a longer line
+
+
+def _attempt(url, part, timeout, desc, quiet):
+    """One GET that appends to part (resuming it if it has bytes); raises _Retry if part is not complete after it."""
+    have = part.stat().st_size if part.exists() else 0
+    # identity: a gzip-encoded body would not match Content-Length, nor resume by byte offset
+    headers = {"Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    answered, total = False, None
+    try:
+        with requests.get(url, headers=headers, stream=True, timeout=timeout) as r:
+            answered = True
+            if r.status_code == 416:  # nothing left after `have`: either part is complete, or it is wrong
+                _, total = _content_range(r.headers.get("Content-Range", ""))
+                if total == have:
+                    return
+                part.unlink()
+                raise _Retry(f"the server rejected resuming at byte {have:,}; starting over")
+            if r.status_code == 429 or r.status_code >= 500:
+                raise _Retry(f"HTTP {r.status_code} {r.reason}")
+            if r.status_code >= 400:
+                raise DownloadError(f"HTTP {r.status_code} {r.reason} for {url}: check the address, or pass --url for a mirror")
+            if r.status_code == 206:
+                start, total = _content_range(r.headers.get("Content-Range"))
+                if start != have:
+                    part.unlink()
+                    raise _Retry(f"the server resumed at byte {start} instead of {have:,}; starting over")
+                mode = "ab"
+            else:  # 200: the whole file, whether or not we asked for a range
+                have, mode = 0, "wb"
+                length = r.headers.get("Content-Length")
+                total = int(length) if length and length.isdigit() else None
+            progress = _Progress(desc, have, total, quiet)
+            with open(part, mode) as f:
+                for chunk in r.iter_content(CHUNK_BYTES):
+                    f.write(chunk)
+                    progress.update(len(chunk))
+            progress.close()
+    except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
+        # a cut mid-body lands here too: urllib3 checks that it got the length it was promised
+        if answered:
+            size = part.stat().st_size if part.exists() else 0
+            of = f" of the {total:,} announced" if total else ""
+            raise _Retry(f"the connection dropped after {size:,}{of} bytes") from None
+        raise _Retry(f"cannot reach host {urlsplit(url).netloc} ({_reason(e)})") from None
+    except requests.exceptions.Timeout:
+        raise _Retry(f"no answer from {urlsplit(url).netloc} within {timeout} s") from None
+    except requests.exceptions.RequestException as e:
+        raise _Retry(f"{type(e).__name__}: {_reason(e)}") from None
+    size = part.stat().st_size
+    if total is not None and size < total:
+        raise _Retry(f"the server announced {total:,} bytes but sent {size:,}")
+    if total is not None and size > total:
+        part.unlink()
+        raise _Retry(f"received {size:,} bytes, more than the {total:,} announced; starting over")
+
+
+def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expected_size=None, quiet=False):
+    """
+    Fetch url into dest (a path); skip if dest already exists (the caller validates its content).
+    retries: attempts after the first; retry k (1, 2, ..) first waits backoff * 2**(k-1) seconds.
+    expected_size: if given, the final byte count must match it.
+    Returns dest as a Path; raises DownloadError with a one-line message.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    desc = desc or dest.name
+    for attempt in range(retries + 1):
+        if attempt:
+            delay = backoff * 2 ** (attempt - 1)
+            if not quiet:
+                print(f"{desc}: {problem}; retrying in {delay:g} s ({attempt}/{retries})", file=sys.stderr)
+            time.sleep(delay)
+        try:
+            _attempt(url, part, timeout, desc, quiet)
+            break
+        except _Retry as e:
+            problem = str(e)
+    else:
+        hint = "run again to resume" if part.exists() else "check your network"
+        attempts = f"{retries + 1} attempt" + ("s" if retries else "")
+        raise DownloadError(f"download of {url} failed after {attempts}: {problem}; {hint}, or pass --url for a mirror")
+    size = part.stat().st_size
+    if expected_size is not None and size != expected_size:
+        part.unlink()
+        raise DownloadError(f"{url} has {size:,} bytes, expected {expected_size:,}: the file on the server differs; pass --url for a mirror")
+    os.replace(part, dest)
+    return dest

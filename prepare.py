@@ -1,0 +1,349 @@
+"""
+Prepare a dataset as token shards in data/<name>/ (llm.c's format, see shards.py).
+
+    python prepare.py                                  # pydocs: offline, byte-level
+    python prepare.py shakespeare --tokenizer gpt2     # tiny Shakespeare, downloaded
+    python prepare.py fineweb10B --shards 8            # published GPT-2 FineWeb shards
+    python prepare.py text --input notes/ book.txt     # your own .txt files
+
+A rerun reuses what is already complete and valid. train.py calls prepare("pydocs")
+when no data is there yet, so a fresh offline machine can train out of the box.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from download import DownloadError, download
+from shards import (ShardError, find_shards, get_tokenizer, load_meta, read_shard,
+                    write_meta, write_shard)
+
+DATA_ROOT = Path(__file__).resolve().parent / "data"
+URL_ENV = "NANOATTNRES_DATA_URL"
+SHARD_TOKENS = 100_000_000  # tokens per shard for large text inputs, as in llm.c's FineWeb shards
+DEFAULT_VAL_FRACTION = 0.1
+
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare"
+# GPT-2 tokens of FineWeb / FineWeb-Edu (10B-token samples), published in llm.c's format;
+# the val shard is _000000, train shards start at _000001, 100M tokens each
+FINEWEB = {
+    "fineweb10B": dict(repo="kjj0/fineweb10B-gpt2", prefix="fineweb", train_shards=103),
+    "finewebedu10B": dict(repo="kjj0/finewebedu10B-gpt2", prefix="finewebedu", train_shards=99),
+}
+
+_quiet = False
+
+
+def log(message):
+    if not _quiet:
+        print(message, flush=True)
+
+
+# -----------------------------------------------------------------------------
+# text -> tokens
+
+def split_tail(docs, val_fraction):
+    """
+    Split documents into (train_docs, val_docs): val is the last val_fraction of the
+    characters, starting at a line boundary. A contiguous tail, so no val text sits
+    inside the training stream.
+    """
+    total = sum(len(d) for d in docs)
+    cut = round(total * (1 - val_fraction))
+    train, val, start = [], [], 0
+    for doc in docs:
+        end = start + len(doc)
+        if end <= cut:
+            train.append(doc)
+        elif start >= cut:
+            val.append(doc)
+        else:  # the cut falls inside this document: move it back to the start of its line
+            i = cut - start
+            i = doc.rfind("\n", 0, i) + 1 or i
+            train.append(doc[:i])
+            val.append(doc[i:])
+        start = end
+    train, val = [d for d in train if d], [d for d in val if d]
+    if not train or not val:
+        raise ValueError(f"the input ({total:,} characters) is too small to split into train and val: give it more text")
+    return train, val
+
+
+def encode(tok, text):
+    """Tokens of text as a uint16 array."""
+    if tok.name == "bytes":  # skip the Python list of ints: ~36 bytes a token on large inputs
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+    return np.array(tok.encode(text), dtype=np.uint16)
+
+
+def tokenize(docs, tok, what):
+    """Encode documents into one uint16 array. With an eot token every document starts with it,
+    like llm.c's FineWeb shards; byte-level documents are separated by a blank line."""
+    parts, count, last = [], 0, time.time()
+    for i, doc in enumerate(docs):
+        if tok.eot is not None:
+            parts.append(np.array([tok.eot], dtype=np.uint16))
+            parts.append(encode(tok, doc))
+        else:
+            parts.append(encode(tok, doc if i == len(docs) - 1 else doc + "\n\n"))
+        count += len(parts[-1])
+        if time.time() - last > 5:  # progress for inputs that take a while
+            last = time.time()
+            log(f"  {what}: tokenized {i + 1:,}/{len(docs):,} documents, {count:,} tokens")
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+
+
+def write_dataset(data_dir, name, train, val, meta):
+    """Write train/val token arrays as shards, then meta.json last: meta.json marks the folder complete."""
+    (data_dir / "meta.json").unlink(missing_ok=True)
+    for split, tokens in (("train", train), ("val", val)):
+        for path in data_dir.glob(f"{name}_{split}_*.bin"):  # an earlier run's, maybe more of them
+            path.unlink()
+        others = list(data_dir.glob(f"*_{split}_*.bin"))
+        if others:  # readers take every *_train_*.bin in the folder: never mix two datasets
+            raise ValueError(f"{data_dir} also holds {others[0].name}, from another dataset: prepare into an empty --out folder")
+        for i, start in enumerate(range(0, len(tokens), SHARD_TOKENS)):
+            write_shard(data_dir / f"{name}_{split}_{i:06d}.bin", tokens[start:start + SHARD_TOKENS])
+    finish(data_dir, meta)
+
+
+def finish(data_dir, meta):
+    """Count the tokens of every shard in data_dir, validating them, and write meta.json."""
+    for split in ("train", "val"):
+        paths = find_shards(data_dir, split)
+        meta[f"{split}_tokens"] = sum(len(read_shard(p)) for p in paths)
+        meta[f"{split}_files"] = [p.name for p in paths]
+    write_meta(data_dir, meta)
+    log(f"train has {meta['train_tokens']:,} tokens in {len(meta['train_files'])} shard(s)")
+    log(f"val has {meta['val_tokens']:,} tokens in {len(meta['val_files'])} shard(s)")
+    log(f"wrote {data_dir}")
+
+
+def is_prepared(data_dir, recipe):
+    """True if data_dir holds a complete, valid dataset made by the same recipe."""
+    try:
+        meta = load_meta(data_dir)
+        if meta.get("recipe") != recipe:
+            return False
+        for split in ("train", "val"):
+            paths = find_shards(data_dir, split)
+            if [p.name for p in paths] != meta[f"{split}_files"]:
+                return False
+            if sum(len(read_shard(p)) for p in paths) != meta[f"{split}_tokens"]:
+                return False
+    except (ShardError, KeyError):
+        return False
+    return True
+
+
+def dataset_meta(tok, source, recipe, command):
+    return dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, source=source,
+                recipe=recipe, command=command)
+
+
+# -----------------------------------------------------------------------------
+# datasets
+
+def prepare_pydocs(data_dir, tokenizer, val_fraction, recipe, command, **_):
+    tok = get_tokenizer(tokenizer)
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise ValueError("this Python install lacks pydoc_data (the docs that `help()` shows): "
+                         "install a full Python, or use `python prepare.py shakespeare`") from None
+    docs = [topics[key] for key in sorted(topics)]
+    train_docs, val_docs = split_tail(docs, val_fraction)
+    source = f"pydoc_data.topics of Python {sys.version.split()[0]} ({len(docs)} topics)"
+    write_dataset(data_dir, "pydocs", tokenize(train_docs, tok, "train"), tokenize(val_docs, tok, "val"),
+                  dataset_meta(tok, source, recipe, command))
+
+
+def prepare_shakespeare(data_dir, tokenizer, val_fraction, recipe, command, url, **_):
+    tok = get_tokenizer(tokenizer)
+    base = url or SHAKESPEARE_URL
+    file_url = base if base.endswith("/input.txt") else base.rstrip("/") + "/input.txt"
+    # the raw text stays next to the shards, so switching tokenizer does not download it again
+    text_path = download(file_url, data_dir / "input.txt", desc="tiny shakespeare", quiet=_quiet)
+    try:
+        text = text_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{text_path} is not UTF-8 text: delete it and check --url") from None
+    if not text:
+        raise ValueError(f"{text_path} is empty: delete it and check --url")
+    # nanoGPT's split: the first 90% of the characters train, the rest val
+    log(f"length of dataset in characters: {len(text):,}")
+    cut = int(len(text) * (1 - val_fraction))
+    write_dataset(data_dir, "shakespeare", encode(tok, text[:cut]), encode(tok, text[cut:]),
+                  dataset_meta(tok, file_url, recipe, command))
+
+
+def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
+    spec = FINEWEB[name]
+    base = (url or f"https://huggingface.co/datasets/{spec['repo']}/resolve/main").rstrip("/")
+    files = [f"{spec['prefix']}_val_000000.bin"] + [f"{spec['prefix']}_train_{i:06d}.bin" for i in range(1, shards + 1)]
+    (data_dir / "meta.json").unlink(missing_ok=True)
+    for i, file in enumerate(files):
+        path = data_dir / file
+        if path.exists():
+            try:
+                read_shard(path)
+                continue
+            except ShardError as e:
+                log(f"{e}; downloading it again")
+                path.unlink()
+        download(f"{base}/{file}", path, desc=f"{file} ({i + 1}/{len(files)})", quiet=_quiet)
+        try:
+            read_shard(path)
+        except ShardError:
+            size = path.stat().st_size
+            path.unlink()  # never leave a bad file under a name that looks complete
+            raise ShardError(f"downloaded {file} from {base} is not a valid shard ({size:,} bytes, bad header or length); "
+                             "run again, or pass --url for a mirror") from None
+    extra = len(find_shards(data_dir, "train")) - shards
+    if extra > 0:
+        log(f"note: keeping {extra} more train shard(s) from an earlier run; delete them to train on fewer")
+    # the published GPT-2 tokens, as tiktoken's gpt2 encoding numbers them
+    finish(data_dir, dict(tokenizer="gpt2", vocab_size=50257, eot=50256, source=base, recipe=recipe, command=command))
+
+
+def prepare_text(data_dir, tokenizer, val_fraction, inputs, recipe, command, **_):
+    tok = get_tokenizer(tokenizer)
+    paths = text_files(inputs)
+    docs = []
+    for path in paths:
+        try:
+            docs.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): convert it or leave it out") from None
+    docs = [d for d in docs if d]
+    if not docs:
+        raise ValueError(f"the input files hold no text ({len(paths)} file(s), all empty): pass --input with some text")
+    train_docs, val_docs = split_tail(docs, val_fraction)
+    source = f"{len(paths)} text file(s): " + ", ".join(str(p) for p in inputs)
+    write_dataset(data_dir, "text", tokenize(train_docs, tok, "train"), tokenize(val_docs, tok, "val"),
+                  dataset_meta(tok, source, recipe, command))
+
+
+def text_files(inputs):
+    """The --input paths with folders expanded to their .txt files, in a deterministic order."""
+    if not inputs:
+        raise ValueError("the text dataset needs --input: one or more .txt files or folders of them")
+    paths = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            found = sorted(item.rglob("*.txt"))
+            if not found:
+                raise ValueError(f"no .txt files in the folder {item}: pass .txt files or a folder that holds them")
+            paths += found
+        elif item.is_file():
+            paths.append(item)
+        else:
+            raise ValueError(f"--input {item} does not exist")
+    return paths
+
+
+DATASETS = {
+    "pydocs": prepare_pydocs,
+    "shakespeare": prepare_shakespeare,
+    "fineweb10B": prepare_fineweb,
+    "finewebedu10B": prepare_fineweb,
+    "text": prepare_text,
+}
+
+
+# -----------------------------------------------------------------------------
+
+def prepare(name="pydocs", out=None, tokenizer=None, shards=None, inputs=None, url=None,
+            val_fraction=None, quiet=False):
+    """
+    Prepare dataset `name` (one of DATASETS) and return its folder (default data/<name>).
+    tokenizer: "bytes" or "gpt2" (default bytes; FineWeb is always gpt2).
+    shards: FineWeb train shards to download (default 1). inputs: files/folders for "text".
+    url: download location (a folder URL), default $NANOATTNRES_DATA_URL, else the dataset's home.
+    val_fraction: the tail that becomes val (default 0.1). quiet: print nothing.
+    Expected failures raise ValueError (ShardError is one) or DownloadError, with a one-line message.
+    """
+    global _quiet
+    _quiet = quiet
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+    url = url or os.environ.get(URL_ENV) or None
+    command = f"python prepare.py {name}"
+    if name in FINEWEB:
+        if tokenizer not in (None, "gpt2"):
+            raise ValueError(f"{name} is published GPT-2 tokenised: drop --tokenizer {tokenizer}")
+        if val_fraction is not None:
+            raise ValueError(f"{name} comes with its own val shard: drop --val_fraction")
+        shards = 1 if shards is None else shards
+        limit = FINEWEB[name]["train_shards"]
+        if not 1 <= shards <= limit:
+            raise ValueError(f"--shards must be between 1 and {limit} for {name}, got {shards}")
+        tokenizer = "gpt2"
+        recipe = dict(dataset=name, shards=shards)
+        command += f" --shards {shards}"
+    else:
+        if shards is not None:
+            raise ValueError(f"--shards is for the FineWeb datasets, not {name}")
+        tokenizer = tokenizer or "bytes"
+        val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}")
+        recipe = dict(dataset=name, tokenizer=tokenizer, val_fraction=val_fraction)
+        if tokenizer != "bytes":
+            command += f" --tokenizer {tokenizer}"
+        if val_fraction != DEFAULT_VAL_FRACTION:
+            command += f" --val_fraction {val_fraction}"
+    if name == "text":
+        # the same files at the same sizes count as the same input
+        recipe["inputs"] = [[str(p.resolve()), p.stat().st_size] for p in text_files(inputs)]
+        command += " --input " + " ".join(map(str, inputs))
+    elif inputs:
+        raise ValueError(f"--input is for the text dataset, not {name}")
+    data_dir = Path(out) if out else DATA_ROOT / name
+    if out:
+        command += f" --out {out}"
+    if url and name in ("shakespeare", *FINEWEB):
+        command += f" --url {url}"
+
+    if is_prepared(data_dir, recipe):
+        log(f"{data_dir} is already prepared ({name}, {tokenizer}); delete it to prepare it again")
+        return data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log(f"preparing {name} ({tokenizer} tokens) in {data_dir}")
+    DATASETS[name](data_dir=data_dir, tokenizer=tokenizer, name=name, shards=shards, inputs=inputs, url=url,
+                   val_fraction=val_fraction, recipe=recipe, command=command)
+    return data_dir
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="Prepare a dataset as token shards (llm.c's .bin format) plus meta.json.",
+        epilog=f"Downloads come from each dataset's home unless --url or ${URL_ENV} names a mirror "
+               "(the folder URL that holds the dataset's files). A rerun reuses complete, valid output.")
+    parser.add_argument("name", nargs="?", default="pydocs", choices=list(DATASETS),
+                        help="pydocs (default, offline: the docs inside Python), shakespeare, "
+                             "fineweb10B / finewebedu10B (GPT-2 tokens, 100M per shard), text (your --input files)")
+    parser.add_argument("--tokenizer", choices=["bytes", "gpt2"], help="bytes (vocab 256, default) or gpt2 (tiktoken)")
+    parser.add_argument("--shards", type=int, help="FineWeb: number of train shards to download (default 1)")
+    parser.add_argument("--input", nargs="+", dest="inputs", metavar="PATH", help="text: .txt files or folders of them")
+    parser.add_argument("--url", help=f"download from this folder URL instead (default: ${URL_ENV}, else the dataset's home)")
+    parser.add_argument("--out", help="output folder (default: data/<name> next to this script)")
+    parser.add_argument("--val_fraction", type=float, help=f"the tail that becomes val (default {DEFAULT_VAL_FRACTION})")
+    args = parser.parse_args()
+    try:
+        prepare(args.name, out=args.out, tokenizer=args.tokenizer, shards=args.shards, inputs=args.inputs,
+                url=args.url, val_fraction=args.val_fraction)
+    except (ValueError, DownloadError, OSError) as e:  # ShardError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("\ninterrupted: nothing half-written was left under a final name; run again to resume", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

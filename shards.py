@@ -1,0 +1,172 @@
+"""
+Token shards on disk, in llm.c's format, and the tokenizers that made them.
+
+A shard is a header of 256 little-endian int32 followed by the tokens as uint16:
+    header[0] = 20240520 (magic), header[1] = 1 (version), header[2] = number of tokens
+The same files are read and written by llm.c and modded-nanogpt, so their published
+FineWeb shards work here as they are. A dataset is a folder holding
+<name>_train_000000.bin .. and <name>_val_000000.bin .. plus meta.json, which says
+how to decode the tokens (tokenizer, vocab_size) and how many there are.
+
+API:
+    write_shard(path, tokens)          atomic write of one shard
+    read_shard(path) -> np.ndarray     uint16 tokens (memory-mapped), after validation
+    find_shards(data_dir, split)       sorted shard paths of "train" or "val"
+    write_meta(data_dir, meta) / load_meta(data_dir)
+    get_tokenizer(name)                "bytes" or "gpt2": .encode .decode .vocab_size .eot
+    ShardError                         a bad or missing file; the message says how to fix it
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+MAGIC = 20240520
+VERSION = 1  # llm.c's version 2 holds uint32 tokens (Llama 3); we only need uint16
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+SPLITS = ("train", "val")
+
+
+class ShardError(ValueError):
+    """A shard or meta.json that is missing, truncated or not in the expected format."""
+
+
+def _remedy(path):
+    # the folder's meta.json remembers the command that made it; fall back to the folder name
+    path = Path(path)
+    command = f"python prepare.py {path.parent.name}"
+    try:
+        command = json.loads((path.parent / "meta.json").read_text()).get("command", command)
+    except (OSError, ValueError):
+        pass
+    return f"delete it and run `{command}` again"
+
+
+def _atomic_write(path, write):
+    # write next to the target and rename: an interrupted run never leaves a file that looks complete
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_shard(path, tokens):
+    """Write tokens (any integer sequence, every value < 65536) as one shard, atomically."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+        raise ValueError(f"{path}: tokens must be a 1-D sequence of integers, got {tokens.dtype} {tokens.shape}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
+        raise ValueError(f"{path}: token ids must lie in [0, 65535] to fit uint16, got [{tokens.min()}, {tokens.max()}]")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = MAGIC, VERSION, len(tokens)
+
+    def write(f):
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2").tobytes())
+    _atomic_write(path, write)
+
+
+def read_shard(path):
+    """Validate one shard's header and length and return its tokens as a read-only uint16 memmap."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ShardError(f"{path} does not exist: run `python prepare.py {path.parent.name}`") from None
+    if size < HEADER_BYTES:
+        raise ShardError(f"{path} is truncated ({size} bytes, shorter than the {HEADER_BYTES}-byte header): {_remedy(path)}")
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    if header[0] != MAGIC:
+        raise ShardError(f"{path} is not a token shard (magic {header[0]}, expected {MAGIC}): {_remedy(path)}")
+    if header[1] != VERSION:
+        raise ShardError(f"{path} has shard version {header[1]}, this project reads version {VERSION} (uint16 tokens): {_remedy(path)}")
+    ntok = int(header[2])
+    expected = HEADER_BYTES + 2 * ntok
+    if size != expected:
+        problem = "truncated" if size < expected else "longer than its header says"
+        raise ShardError(f"{path} is {problem} (header says {ntok:,} tokens = {expected:,} bytes, file has {size:,}): {_remedy(path)}")
+    if ntok == 0:  # np.memmap cannot map zero bytes
+        return np.zeros(0, dtype=np.uint16)
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntok,))
+
+
+def find_shards(data_dir, split):
+    """Sorted paths of the split's shards (*_train_*.bin or *_val_*.bin) in data_dir."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    data_dir = Path(data_dir)
+    paths = sorted(data_dir.glob(f"*_{split}_*.bin"))
+    if not paths:
+        raise ShardError(f"no {split} shards (*_{split}_*.bin) in {data_dir}: run `python prepare.py {data_dir.name}` first")
+    return paths
+
+
+def write_meta(data_dir, meta):
+    """Write data_dir/meta.json atomically (prepare.py writes it last, once the shards are in place)."""
+    text = json.dumps(meta, indent=2) + "\n"
+    _atomic_write(Path(data_dir) / "meta.json", lambda f: f.write(text.encode()))
+
+
+def load_meta(data_dir):
+    """Read data_dir/meta.json: tokenizer, vocab_size, train_tokens, val_tokens, source, ..."""
+    path = Path(data_dir) / "meta.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ShardError(f"{path} does not exist: run `python prepare.py {path.parent.name}` first") from None
+    except ValueError as e:
+        raise ShardError(f"{path} is not valid JSON ({e}): delete it and run `python prepare.py {path.parent.name}` again") from None
+
+
+# -----------------------------------------------------------------------------
+# tokenizers: the name in meta.json is all sample.py needs to decode a dataset's tokens
+
+@dataclass(frozen=True)
+class Tokenizer:
+    name: str
+    vocab_size: int
+    eot: Optional[int]  # the end-of-text token that separates documents, None if the vocabulary has none
+    encode: Callable[[str], list]
+    decode: Callable[[list], str]
+
+
+def _bytes_tokenizer():
+    # UTF-8 bytes: every text encodes, and decoding a cut-off character shows U+FFFD instead of failing
+    return Tokenizer("bytes", 256, None,
+                     encode=lambda text: list(text.encode("utf-8")),
+                     decode=lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+
+
+def _gpt2_tokenizer():
+    try:
+        import tiktoken
+    except ImportError:
+        raise ValueError("the gpt2 tokenizer needs tiktoken: pip install tiktoken") from None
+    try:
+        enc = tiktoken.get_encoding("gpt2")
+    except Exception as e:  # tiktoken downloads its BPE files on first use; offline that fails in many ways
+        raise ValueError(f"cannot load the gpt2 tokenizer ({type(e).__name__}): tiktoken downloads it once, "
+                         "so go online or set TIKTOKEN_CACHE_DIR to a folder that holds its cache") from None
+    # encode_ordinary: text that happens to contain "<|endoftext|>" stays text, like nanoGPT
+    return Tokenizer("gpt2", enc.n_vocab, enc.eot_token, encode=enc.encode_ordinary, decode=enc.decode)
+
+
+TOKENIZERS = {"bytes": _bytes_tokenizer, "gpt2": _gpt2_tokenizer}
+
+
+def get_tokenizer(name):
+    """The tokenizer called name ("bytes": vocab 256, no eot; "gpt2": tiktoken, vocab 50257, eot 50256)."""
+    if name not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {name!r}: choose one of {', '.join(TOKENIZERS)}")
+    return TOKENIZERS[name]()

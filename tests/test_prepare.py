@@ -1,0 +1,347 @@
+"""
+prepare.py and download.py against a local HTTP server on 127.0.0.1: real downloads,
+cut connections, 404s, lying servers, and the token counts each dataset must give.
+"""
+
+import functools
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the scripts live at the repo root, the server helper here
+
+import prepare
+from download import DownloadError, download
+from localserver import LocalServer
+from shards import ShardError, get_tokenizer, load_meta, read_shard
+
+SHAKESPEARE = REPO.parent / "shared/data/tinyshakespeare/input.txt"
+SHARED_TIKTOKEN = REPO.parent / "shared/tiktoken_cache"
+
+
+@pytest.fixture(autouse=True)
+def no_mirror_and_no_waiting(monkeypatch):
+    monkeypatch.delenv(prepare.URL_ENV, raising=False)
+    monkeypatch.setattr(prepare, "download", functools.partial(download, backoff=0))
+
+
+@pytest.fixture
+def gpt2_offline(monkeypatch):
+    """tiktoken's gpt2 files from a local cache; skip rather than touch the network."""
+    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+        if not SHARED_TIKTOKEN.is_dir():
+            pytest.skip("needs TIKTOKEN_CACHE_DIR (tiktoken's gpt2 files) to run offline")
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
+
+
+@pytest.fixture
+def shakespeare_server():
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"tiny Shakespeare not found at {SHAKESPEARE}")
+    with LocalServer({"/input.txt": SHAKESPEARE}) as server:
+        yield server
+
+
+def tokens_of(data_dir, split):
+    return np.concatenate([read_shard(data_dir / f) for f in load_meta(data_dir)[f"{split}_files"]])
+
+
+BLOB = np.random.default_rng(0).bytes(300_000)
+
+
+# -----------------------------------------------------------------------------
+# download.py
+
+def test_download_resumes_a_cut_connection_with_range(tmp_path):
+    with LocalServer({"/blob": BLOB}) as server:
+        server.cut("/blob", after=200_000)
+        dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+    assert dest.read_bytes() == BLOB
+    (_, _, first), (_, _, second) = server.requests
+    assert first is None
+    resumed_at = int(second.removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_at <= 200_000  # kept what arrived (less at most one read)
+    assert [p.name for p in tmp_path.iterdir()] == ["blob"]
+
+
+def test_download_restarts_when_the_server_ignores_range(tmp_path):
+    with LocalServer({"/blob": BLOB}) as server:
+        server.cut("/blob", after=200_000)
+        server.ignore_range("/blob")
+        dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+    assert dest.read_bytes() == BLOB
+    assert server.count("/blob") == 2
+
+
+def test_download_404_fails_at_once_naming_the_url(tmp_path):
+    with LocalServer({}) as server:
+        with pytest.raises(DownloadError) as e:
+            download(server.url + "/missing.bin", tmp_path / "missing.bin", backoff=0, quiet=True)
+        assert server.count("/missing.bin") == 1  # no retries for a 404
+    message = str(e.value)
+    assert "404" in message and server.url + "/missing.bin" in message and "--url" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_download_catches_a_server_lying_about_the_length(tmp_path):
+    with LocalServer({"/blob": BLOB}) as server:
+        server.lie("/blob", len(BLOB) + 1000)
+        with pytest.raises(DownloadError, match=f"of the {len(BLOB) + 1000:,} announced bytes"):
+            download(server.url + "/blob", tmp_path / "blob", retries=2, backoff=0, quiet=True)
+        assert server.count("/blob") == 3
+    assert not (tmp_path / "blob").exists()
+
+
+def test_download_retries_5xx_then_succeeds(tmp_path):
+    with LocalServer({"/blob": BLOB}) as server:
+        server.fail("/blob", 503, times=2)
+        download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+        assert server.count("/blob") == 3
+    assert (tmp_path / "blob").read_bytes() == BLOB
+
+
+def test_download_offline_says_which_host(tmp_path):
+    with socket.socket() as s:  # a port that nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DownloadError, match=f"cannot reach host 127.0.0.1:{port}.*check your network"):
+        download(f"http://127.0.0.1:{port}/x", tmp_path / "x", retries=1, backoff=0, quiet=True)
+
+
+def test_download_checks_expected_size_and_skips_existing(tmp_path):
+    with LocalServer({"/blob": BLOB}) as server:
+        with pytest.raises(DownloadError, match="expected 123"):
+            download(server.url + "/blob", tmp_path / "blob", expected_size=123, quiet=True)
+        assert list(tmp_path.iterdir()) == []
+        (tmp_path / "blob").write_bytes(b"already here")
+        download(server.url + "/blob", tmp_path / "blob", quiet=True)
+        assert server.count("/blob") == 1
+
+
+# -----------------------------------------------------------------------------
+# pydocs: the offline default
+
+def test_pydocs_prepares_offline(tmp_path, monkeypatch):
+    def no_network(*args):
+        raise AssertionError("pydocs must not touch the network")
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    data_dir = prepare.prepare(out=tmp_path / "pydocs", quiet=True)
+
+    from pydoc_data.topics import topics
+    joined = "\n\n".join(topics[k] for k in sorted(topics))
+    meta = load_meta(data_dir)
+    assert (meta["tokenizer"], meta["vocab_size"]) == ("bytes", 256)
+    assert meta["train_files"] == ["pydocs_train_000000.bin"] and meta["val_files"] == ["pydocs_val_000000.bin"]
+    train, val = tokens_of(data_dir, "train"), tokens_of(data_dir, "val")
+    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
+    # val is the tail of the docs, starting at a line; train is everything before it
+    train_text, val_text = bytes(train.astype(np.uint8)).decode(), bytes(val.astype(np.uint8)).decode()
+    assert joined.startswith(train_text) and joined.endswith(val_text) and train_text.endswith("\n")
+    assert len(train_text) + len(val_text) in (len(joined), len(joined) - 2)  # cut inside a doc, or between two
+    assert 0.09 < len(val) / (len(train) + len(val)) < 0.12
+
+
+def test_rerun_reuses_valid_output_and_redoes_corrupt_output(tmp_path, capsys):
+    data_dir = prepare.prepare("pydocs", out=tmp_path / "p")
+    val = data_dir / "pydocs_val_000000.bin"
+    written = val.stat().st_mtime_ns
+    capsys.readouterr()
+    prepare.prepare("pydocs", out=tmp_path / "p")
+    assert "already prepared" in capsys.readouterr().out
+    assert val.stat().st_mtime_ns == written
+
+    val.write_bytes(val.read_bytes()[:-100])  # truncated, as by a full disk
+    prepare.prepare("pydocs", out=tmp_path / "p")
+    assert "already prepared" not in capsys.readouterr().out
+    assert len(read_shard(val)) == load_meta(data_dir)["val_tokens"]
+
+
+# -----------------------------------------------------------------------------
+# shakespeare, downloaded from the local server
+
+def test_shakespeare_bytes_split_like_nanogpt_and_resumed(tmp_path, shakespeare_server):
+    shakespeare_server.cut("/input.txt", after=500_000)
+    data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", url=shakespeare_server.url, quiet=True)
+    assert (data_dir / "input.txt").read_bytes() == SHAKESPEARE.read_bytes()
+    assert shakespeare_server.count("/input.txt") == 2
+    text = SHAKESPEARE.read_text()
+    cut = int(len(text) * 0.9)
+    meta = load_meta(data_dir)
+    assert meta["train_tokens"] == len(text[:cut].encode()) == 1_003_854
+    assert meta["val_tokens"] == len(text[cut:].encode()) == 111_540
+    assert bytes(tokens_of(data_dir, "val").astype(np.uint8)).decode() == text[cut:]
+
+
+def test_shakespeare_gpt2_counts_match_nanogpt(tmp_path, shakespeare_server, gpt2_offline):
+    data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", tokenizer="gpt2", url=shakespeare_server.url, quiet=True)
+    meta = load_meta(data_dir)
+    assert (meta["tokenizer"], meta["vocab_size"], meta["eot"]) == ("gpt2", 50257, 50256)
+    assert (meta["train_tokens"], meta["val_tokens"]) == (301_966, 36_059)
+    assert get_tokenizer("gpt2").decode(tokens_of(data_dir, "train")[:3].tolist()) == "First Citizen:"
+
+
+def test_download_url_from_the_environment(tmp_path, shakespeare_server, monkeypatch):
+    monkeypatch.setenv(prepare.URL_ENV, shakespeare_server.url)
+    prepare.prepare("shakespeare", out=tmp_path / "s", quiet=True)
+    assert shakespeare_server.count("/input.txt") == 1
+
+
+# -----------------------------------------------------------------------------
+# FineWeb: published shards, fetched and checked
+
+def fineweb_files(n_train, tokens=5000):
+    """Shards as llm.c writes them, built by hand: 256 int32 (magic, version, count, zeros), uint16 tokens."""
+    rng = np.random.default_rng(1)
+    header = np.array([20240520, 1, tokens] + [0] * 253, dtype="<i4").tobytes()
+    names = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, n_train + 1)]
+    return {"/" + name: header + rng.integers(0, 50257, tokens).astype("<u2").tobytes() for name in names}
+
+
+def test_fineweb_keeps_published_names_and_reuses_what_it_has(tmp_path):
+    files = fineweb_files(3)
+    with LocalServer(files) as server:
+        data_dir = prepare.prepare("fineweb10B", shards=2, out=tmp_path / "fw", url=server.url, quiet=True)
+        names = ["fineweb_train_000001.bin", "fineweb_train_000002.bin", "fineweb_val_000000.bin", "meta.json"]
+        assert sorted(p.name for p in data_dir.iterdir()) == names
+        for name in names[:3]:
+            assert (data_dir / name).read_bytes() == files["/" + name]
+        meta = load_meta(data_dir)
+        assert (meta["tokenizer"], meta["train_tokens"], meta["val_tokens"]) == ("gpt2", 10_000, 5000)
+        assert len(server.requests) == 3
+
+        prepare.prepare("fineweb10B", shards=2, out=tmp_path / "fw", url=server.url, quiet=True)
+        assert len(server.requests) == 3  # all there and valid: nothing fetched
+        prepare.prepare("fineweb10B", shards=3, out=tmp_path / "fw", url=server.url, quiet=True)
+        assert [p for _, p, _ in server.requests[3:]] == ["/fineweb_train_000003.bin"]
+        assert load_meta(data_dir)["train_tokens"] == 15_000
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad magic"])
+def test_fineweb_bad_download_is_rejected_and_removed(tmp_path, damage):
+    files = fineweb_files(1)
+    path = "/fineweb_train_000001.bin"
+    if damage == "bad magic":
+        files[path] = b"\0\0\0\0" + files[path][4:]
+    with LocalServer(files) as server:
+        if damage == "truncated":  # a server that announces and sends fewer bytes than the file has
+            server.lie(path, len(files[path]) - 10)
+        with pytest.raises(ShardError) as e:
+            prepare.prepare("fineweb10B", shards=1, out=tmp_path / "fw", url=server.url, quiet=True)
+    assert "fineweb_train_000001.bin" in str(e.value) and "--url" in str(e.value)
+    assert not (tmp_path / "fw" / "fineweb_train_000001.bin").exists()
+    assert not (tmp_path / "fw" / "meta.json").exists()
+
+
+def test_fineweb_is_gpt2_only():
+    with pytest.raises(ValueError, match="GPT-2"):
+        prepare.prepare("fineweb10B", tokenizer="bytes", quiet=True)
+    with pytest.raises(ValueError, match="between 1 and 99"):
+        prepare.prepare("finewebedu10B", shards=100, quiet=True)
+
+
+# -----------------------------------------------------------------------------
+# text: the user's own files
+
+def write_texts(folder):
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b.txt").write_text("second document\n" * 50)
+    (folder / "sub" / "c.txt").write_text("third document, the last one\n" * 40)
+    (folder / "a.txt").write_text("first document\n" * 60)
+    (folder / "ignored.md").write_text("not a .txt file\n")
+    return folder
+
+
+def test_text_gpt2_marks_documents_and_splits_off_the_tail(tmp_path, gpt2_offline):
+    folder = write_texts(tmp_path / "in")
+    data_dir = prepare.prepare("text", inputs=[folder], tokenizer="gpt2", out=tmp_path / "t", quiet=True)
+    tok = get_tokenizer("gpt2")
+    train, val = tokens_of(data_dir, "train").tolist(), tokens_of(data_dir, "val").tolist()
+    assert train[0] == val[0] == 50256  # every document (and the val tail) starts with <|endoftext|>
+    texts = [(folder / n).read_text() for n in ["a.txt", "b.txt", "sub/c.txt"]]  # sorted, recursive, .txt only
+    parts = tok.decode(train + val).split("<|endoftext|>")
+    assert parts[0] == "" and parts[1:3] == texts[:2]
+    head, tail = parts[3:]  # the cut falls in the last document, at the start of a line
+    assert head + tail == texts[2] and head.endswith("\n")
+    assert tok.decode(val) == "<|endoftext|>" + tail
+
+    again = prepare.prepare("text", inputs=[folder], tokenizer="gpt2", out=tmp_path / "t2", quiet=True)
+    assert (again / "text_val_000000.bin").read_bytes() == (data_dir / "text_val_000000.bin").read_bytes()
+
+
+def test_text_large_input_is_sharded_and_stale_shards_removed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(prepare, "SHARD_TOKENS", 300)
+    folder = write_texts(tmp_path / "in")
+    data_dir = prepare.prepare("text", inputs=[folder], out=tmp_path / "t", quiet=True)
+    meta = load_meta(data_dir)
+    # a blank line between the three train documents; the cut falls inside the last one
+    total = sum(len(p.read_bytes()) for p in folder.rglob("*.txt")) + 2 * 2
+    assert meta["train_tokens"] + meta["val_tokens"] == total
+    assert len(meta["train_files"]) == -(-meta["train_tokens"] // 300) > 1
+
+    prepare.prepare("text", inputs=[folder], out=tmp_path / "t")
+    assert "already prepared" in capsys.readouterr().out
+    (folder / "b.txt").write_text("short now\n")  # a changed input is prepared again
+    prepare.prepare("text", inputs=[folder], out=tmp_path / "t", quiet=True)
+    meta = load_meta(data_dir)
+    assert meta["train_tokens"] + meta["val_tokens"] == sum(len(p.read_bytes()) for p in folder.rglob("*.txt")) + 2 * 2
+    assert sorted(p.name for p in data_dir.glob("*.bin")) == sorted(meta["train_files"] + meta["val_files"])
+    assert len(meta["train_files"]) == -(-meta["train_tokens"] // 300)
+
+
+def test_text_without_text_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .txt files"):
+        prepare.prepare("text", inputs=[tmp_path / "empty"], out=tmp_path / "t", quiet=True)
+    (tmp_path / "empty" / "a.txt").write_text("")
+    with pytest.raises(ValueError, match="hold no text"):
+        prepare.prepare("text", inputs=[tmp_path / "empty"], out=tmp_path / "t", quiet=True)
+    (tmp_path / "empty" / "a.txt").write_text("x")
+    with pytest.raises(ValueError, match="too small to split"):
+        prepare.prepare("text", inputs=[tmp_path / "empty"], out=tmp_path / "t", quiet=True)
+
+
+def test_never_mixes_two_datasets_in_one_folder(tmp_path):
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "fineweb_train_000001.bin").write_bytes(fineweb_files(1)["/fineweb_train_000001.bin"])
+    with pytest.raises(ValueError, match="also holds fineweb_train_000001.bin"):
+        prepare.prepare("pydocs", out=tmp_path / "mixed", quiet=True)
+
+
+# -----------------------------------------------------------------------------
+# the command line: expected failures are one line, no traceback
+
+def run_cli(*args):
+    env = {k: v for k, v in os.environ.items() if k != prepare.URL_ENV}
+    return subprocess.run([sys.executable, str(REPO / "prepare.py"), *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_cli_prepares_pydocs(tmp_path):
+    result = run_cli("--out", tmp_path / "p")
+    assert result.returncode == 0, result.stderr
+    assert "train has" in result.stdout and (tmp_path / "p" / "meta.json").exists()
+
+
+def test_cli_errors_are_one_line(tmp_path, shakespeare_server):
+    files = fineweb_files(1)
+    files["/fineweb_val_000000.bin"] = files["/fineweb_val_000000.bin"][:500]
+    (tmp_path / "empty").mkdir()
+    with LocalServer(files) as fineweb:
+        cases = {
+            "404": (["shakespeare", "--url", shakespeare_server.url + "/nowhere", "--out", tmp_path / "a"], "HTTP 404"),
+            "corrupt": (["fineweb10B", "--url", fineweb.url, "--out", tmp_path / "b"], "fineweb_val_000000.bin"),
+            "empty input": (["text", "--input", tmp_path / "empty", "--out", tmp_path / "c"], "no .txt files"),
+        }
+        for case, (args, expected) in cases.items():
+            result = run_cli(*args)
+            assert result.returncode == 1, case
+            assert "Traceback" not in result.stderr, case
+            last = result.stderr.strip().splitlines()[-1]
+            assert last.startswith("error: ") and expected in last, (case, result.stderr)
+
