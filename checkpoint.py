@@ -6,6 +6,8 @@ A checkpoint is a dict saved with torch.save, with nanoGPT's keys:
     model_args     the GPTConfig fields (a dict)
     optimizer, iter_num, best_val_loss, config (the training config), and whatever else
     train.py needs to resume exactly (RNG states, data position).
+
+OpenAI's GPT-2 weights (Hugging Face's model.safetensors) load the same way: load_gpt2.
 """
 
 import os
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from download import download
 from model import GPT, GPTConfig
 
 
@@ -82,3 +85,53 @@ def load_model(path, device="cpu", **overrides):
 def model_args(model):
     """The model's config as the plain dict a checkpoint stores."""
     return asdict(model.config)
+
+
+# -----------------------------------------------------------------------------
+# GPT-2 from Hugging Face: the same layout and names as this project's standard mode
+
+GPT2_CONFIGS = {
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M parameters
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+}
+# GPT-2 stores these as Conv1D weights, [in, out]: transposed from nn.Linear's [out, in]
+GPT2_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+
+
+def gpt2_model_args(name):
+    """The GPTConfig fields of OpenAI's GPT-2 `name` (standard residual, vocab 50257, context 1024)."""
+    return dict(GPT2_CONFIGS[name], vocab_size=50257, block_size=1024, bias=True, dropout=0.0, residual="standard")
+
+
+def gpt2_state_dict(path):
+    """This project's state dict from a Hugging Face GPT-2 model.safetensors: names get the
+    'transformer.' prefix (the hub's files lack it), Conv1D weights are transposed, the attention
+    mask buffers are dropped, and the head is the token embedding (weight tying)."""
+    from safetensors.torch import load_file
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # truncated or not a safetensors file
+        raise ValueError(f"cannot read {path} ({type(e).__name__}: {e}); delete it to download it again") from None
+    sd = {}
+    for k, v in tensors.items():
+        k = "transformer." + k.removeprefix("transformer.")
+        if k.endswith((".attn.bias", ".attn.masked_bias")) or k == "transformer.lm_head.weight":
+            continue
+        sd[k] = (v.t() if k.endswith(GPT2_CONV1D) else v).float().contiguous()
+    if "transformer.wte.weight" not in sd:
+        raise ValueError(f"{path} holds no GPT-2 weights (no wte.weight); delete it to download it again")
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    return sd
+
+
+def load_gpt2(name, cache_dir="cache", url=None):
+    """(model_args, state_dict) of OpenAI's GPT-2 `name` (gpt2, gpt2-medium, gpt2-large, gpt2-xl),
+    downloaded once into cache_dir from Hugging Face ($HF_ENDPOINT, if set, names a mirror) or url."""
+    if name not in GPT2_CONFIGS:
+        raise ValueError(f"unknown GPT-2 model {name!r}: choose one of {', '.join(GPT2_CONFIGS)}")
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = url or f"{endpoint}/openai-community/{name}/resolve/main/model.safetensors"
+    path = download(url, Path(cache_dir) / f"{name}.safetensors", desc=f"{name} weights")
+    return gpt2_model_args(name), gpt2_state_dict(path)

@@ -483,19 +483,21 @@ class GPT(nn.Module):
         self.config.dlr = False
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Continue idx (b, t) by max_new_tokens tokens. temperature=0 is greedy decoding. With the
-        key-value cache each new token costs one one-token forward; once the context is full the
-        window slides, positions shift, and the cache is rebuilt for every step (as without it)."""
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab_size=None):
+        """Continue idx (b, t), yielding each new token (b, 1) as soon as it is chosen (sample.py
+        streams them). temperature=0 is greedy decoding. With the key-value cache each new token
+        costs one one-token forward; once the context is full the window slides, positions shift,
+        and the cache is rebuilt for every step (as without it). vocab_size: sample only ids below
+        it (a vocabulary padded for speed has ids no tokenizer can decode)."""
+        block_size = self.config.block_size
         cache = None
         for _ in range(max_new_tokens):
-            if cache is not None and cache[0].length < self.config.block_size:
+            if cache is not None and cache[0].length < block_size:
                 logits, _ = self(idx[:, -1:], cache=cache)
             else:
-                idx_cond = idx[:, -self.config.block_size:]
                 cache = self.make_cache() if use_cache else None
-                logits, _ = self(idx_cond, cache=cache)
-            logits = logits[:, -1, :]
+                logits, _ = self(idx[:, -block_size:], cache=cache)
+            logits = logits[:, -1, :vocab_size]
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -503,10 +505,14 @@ class GPT(nn.Module):
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                     logits[logits < v[:, [-1]]] = -float("inf")
-                probs = F.softmax(logits, dim=-1)
-                idx_next = torch.multinomial(probs, num_samples=1)
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
-        return idx
+            yield idx_next
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """idx (b, t) continued by max_new_tokens tokens, as one tensor (b, t + max_new_tokens)."""
+        new = list(self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache))
+        return torch.cat([idx, *new], dim=1)
 
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""
+Fold the Duplicated Latent Residual away for deployment (SPEC "Folding").
+
+    python fold.py --ckpt=out/ckpt.pt --out=out/folded.pt           # DLR -> plain low rank, same outputs
+    python fold.py --ckpt=out/ckpt.pt --out=out/dense.pt --dense    # low rank -> ordinary dense weights
+
+DLR adds (alpha / sqrt K) R z to every low-rank linear, R a fixed 0/1 matrix, so
+y = (B + (alpha / sqrt K) R) z + bias: folding writes that sum into B and switches DLR off. The
+folded checkpoint has exactly the parameters, FLOPs and memory of a plain low-rank model.
+
+--dense also multiplies out W = B A (with DLR folded into B first), giving ordinary nn.Linear
+weights: a plain GPT checkpoint that GPT-2 style tools load (when the model's residual mode is
+standard). It needs lowrank_act=identity: with silu, B silu(A x) is no linear map of x.
+
+Before writing, the new checkpoint is loaded into a fresh model and checked against the original:
+the largest logit difference on a batch of random tokens, and the parameter count and training
+FLOPs per token, compared with a freshly built model of the target config. The rest of the
+checkpoint (training config, dataset_meta, iter_num) is kept so sample.py can use it; the
+optimizer state is dropped, as it belongs to the weights before the fold.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from checkpoint import load_model, load_state_into, save_checkpoint
+from model import GPT, GPTConfig, LowRankLinear
+
+# The check fails when max |logit diff| exceeds this fraction of max |logit|. A fold stores the very
+# float32 sum B + sR that the DLR forward forms on every call, so the logits stay bitwise equal.
+# --dense stores B A rounded to float32 and multiplies in another order: logits move by 1e-6 to 2e-4
+# of their scale (measured on small fresh models; routed ones, with sharp random routing, at the top).
+# A real mistake moves them far more (a lost bias: 0.3 of their scale).
+CHECK_RTOL = 1e-2
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", default="out/ckpt.pt", help="the checkpoint to fold")
+    p.add_argument("--out", required=True, help="where to write the folded checkpoint (never the input)")
+    p.add_argument("--dense", action="store_true", help="also multiply out B A into dense weights")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--check_batch", type=int, default=4, help="sequences in the verification batch")
+    p.add_argument("--seed", type=int, default=0, help="seed of the verification batch")
+    return p.parse_args(argv)
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def same_file(a, b):
+    """True when writing b would replace a: the same path, through links or not."""
+    a, b = Path(a), Path(b)
+    if a.resolve() == b.resolve():
+        return True
+    return a.exists() and b.exists() and os.path.samefile(a, b)
+
+
+def lowrank_linears(model):
+    return {name: m for name, m in model.named_modules() if isinstance(m, LowRankLinear)}
+
+
+def dense_state_dict(model):
+    """The state dict of the same model with every (DLR-free) low-rank linear as one nn.Linear:
+    weight = B A (multiplied in float64, stored in B's dtype), bias = B's bias."""
+    linears = lowrank_linears(model)
+    sd = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 2)[0] not in linears}
+    for name, m in linears.items():
+        assert not m.dlr, "fold DLR into B before multiplying out B A"
+        sd[f"{name}.weight"] = (m.B.weight.double() @ m.A.weight.double()).to(m.B.weight.dtype)
+        if m.B.bias is not None:
+            sd[f"{name}.bias"] = m.B.bias.detach().clone()
+    return sd
+
+
+def build(model_args, state_dict, device):
+    """A fresh model of model_args holding state_dict: what load_model will make of the written file."""
+    model = GPT(GPTConfig.from_dict(dict(model_args, dropout=0.0))).to(device)
+    load_state_into(model, state_dict)
+    return model.eval()
+
+
+def all_logits(model, idx):
+    logits, _ = model(idx, targets=torch.zeros_like(idx))  # with targets: logits at every position
+    return logits
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if same_file(args.ckpt, args.out):
+        fail(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out/folded.pt")
+    try:
+        model, ckpt = load_model(args.ckpt, args.device, dropout=0.0)
+    except (FileNotFoundError, ValueError) as e:
+        fail(e)
+    model.eval()
+    cfg = model.config
+    had_dlr = cfg.dlr  # model.fold_dlr() below switches cfg.dlr off
+    if cfg.lowrank_rank == 0:
+        fail(f"{args.ckpt} has dense linears (lowrank_rank=0): there is nothing to fold")
+    if not args.dense and not had_dlr:
+        fail(f"{args.ckpt} has no DLR (dlr=False): there is nothing to fold; "
+             "--dense multiplies out its low-rank B A instead")
+    if args.dense and cfg.lowrank_act != "identity":
+        fail(f"--dense needs lowrank_act=identity, {args.ckpt} has {cfg.lowrank_act}: B {cfg.lowrank_act}(A x) "
+             "is not a linear map of x, so no dense matrix equals it")
+
+    # the target: the DLR-free low-rank model, or the dense one
+    new_args = dict(ckpt["model_args"], dlr=False)
+    if args.dense:
+        new_args["lowrank_rank"] = 0
+    g = torch.Generator().manual_seed(args.seed)
+    T = min(cfg.block_size, 256)
+    idx = torch.randint(0, cfg.vocab_size, (args.check_batch, T), generator=g).to(args.device)
+    n_linears = len(lowrank_linears(model))
+    with torch.no_grad():
+        before = all_logits(model, idx)
+        before_count = (model.get_num_params(), model.flops_per_token())
+        model.fold_dlr()  # B <- B + (alpha / sqrt K) R, DLR off
+        new_state = dense_state_dict(model) if args.dense else model.state_dict()
+        new_model = build(new_args, new_state, args.device)
+        after = all_logits(new_model, idx)
+    diff = (after - before).abs().max().item()
+    scale = before.abs().max().item()
+    after_count = (new_model.get_num_params(), new_model.flops_per_token())
+    reference = GPT(GPTConfig.from_dict(dict(new_args, dropout=0.0)))
+    reference_count = (reference.get_num_params(), reference.flops_per_token())
+
+    what = "dense" if args.dense else "plain low-rank"
+    print(f"{args.ckpt} -> {args.out}: DLR {'folded into B' if had_dlr else 'off'} in {n_linears} low-rank linears"
+          + (", B A multiplied out into dense weights" if args.dense else ""))
+    print(f"{'':<22} {'params':>14} {'FLOPs/token':>16}")
+    for label, (n, f) in ((f"before ({'DLR' if had_dlr else 'low rank'})", before_count),
+                          (f"after ({'dense' if args.dense else 'folded'})", after_count),
+                          (f"fresh {what}", reference_count)):
+        print(f"{label:<22} {n:>14,} {f:>16,}")
+    print(f"max |logit diff| {diff:.3g} on {args.check_batch} x {T} random tokens (max |logit| {scale:.3g})")
+    if after_count != reference_count:
+        fail(f"the result does not have the size of a fresh {what} model; not writing {args.out}")
+    if not diff <= CHECK_RTOL * max(scale, 1.0):
+        fail(f"the logits changed by {diff:.3g}, more than {CHECK_RTOL:g} of their scale; not writing {args.out}")
+
+    out = {k: v for k, v in ckpt.items() if k != "optimizer"}  # the optimizer state belongs to the old weights
+    out.update(model=new_state, model_args=new_args,
+               fold={"from": str(args.ckpt), "dense": args.dense, "max_abs_logit_diff": diff})
+    save_checkpoint(out, args.out)
+    print(f"wrote {args.out} (dlr=False{', lowrank_rank=0' if args.dense else ''}; optimizer state dropped)")
+    if args.dense and cfg.residual != "standard":
+        print(f"note: the export keeps residual={cfg.residual}; GPT-2 style tools load only standard checkpoints")
+
+
+if __name__ == "__main__":
+    main()

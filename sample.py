@@ -1,0 +1,190 @@
+"""
+Sample from a model: a checkpoint of any residual mode (dense, low-rank, DLR or folded) or GPT-2.
+Tokens are printed as they are generated; each new token costs one one-token forward with the
+key-value cache, not a pass over the whole context.
+
+    python sample.py --out_dir=out --start="Once upon a time" --num_samples=3
+    python sample.py --ckpt=out/folded.pt --start=FILE:prompt.txt --temperature=0
+    python sample.py --init_from=gpt2 --start="The meaning of life is"
+    python sample.py --out_dir=out --routing --num_samples=0     # only where each sublayer routes
+
+The tokenizer is the one the training data's meta.json names (stored in the checkpoint):
+"bytes" or "gpt2". With --routing, one forward over the prompt first prints, for each route,
+its depth weights averaged over the prompt's positions: the number of sources m, the source
+with the largest weight and that weight, the entropy divided by log m (1 = uniform), and for rd
+the Jensen-Shannon divergence between each layer's QK and V routes.
+"""
+
+import argparse
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from checkpoint import GPT2_CONFIGS, load_gpt2, load_model, load_state_into
+from download import DownloadError
+from model import GPT, GPTConfig
+from shards import get_tokenizer
+
+
+def boolean(s):
+    """--flag, --flag=True and --flag=false all work, as in nanoGPT's --key=value configs."""
+    if s.lower() in ("1", "true", "yes"):
+        return True
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out_dir", default="out", help="where train.py wrote ckpt.pt")
+    p.add_argument("--ckpt", default=None, help="a checkpoint file (default: OUT_DIR/ckpt.pt), e.g. out/folded.pt")
+    p.add_argument("--init_from", default="resume", choices=("resume", *GPT2_CONFIGS),
+                   help="resume: the checkpoint; gpt2*: OpenAI's GPT-2 weights")
+    p.add_argument("--cache_dir", default="cache", help="where downloaded GPT-2 weights are kept (as in train.py)")
+    p.add_argument("--start", default="\n", help='the prompt, or FILE:path to read it from a file')
+    p.add_argument("--num_samples", type=int, default=3)
+    p.add_argument("--max_new_tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", type=int, default=200, help="sample from the k most likely tokens; 0 = all")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32",
+                   choices=("float32", "bfloat16", "float16"), help="autocast dtype (weights stay float32)")
+    p.add_argument("--cache", type=boolean, nargs="?", const=True, default=True,
+                   help="use the key-value cache (--cache=False: a full forward per token, for comparison)")
+    p.add_argument("--routing", type=boolean, nargs="?", const=True, default=False,
+                   help="print the routing table of the prompt before sampling")
+    args = p.parse_args(argv)
+    if args.temperature < 0 or args.num_samples < 0 or args.max_new_tokens < 0:
+        p.error("--temperature, --num_samples and --max_new_tokens must not be negative")
+    return args
+
+
+def fail(message):
+    """The one-line error every failure the user can fix ends in: no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load(args):
+    """(model, tokenizer) for args.init_from, with clear errors for what a user can fix."""
+    if args.init_from == "resume":
+        path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+        model, ckpt = load_model(path, args.device, dropout=0.0)
+        meta = ckpt.get("dataset_meta") or {}
+        if "tokenizer" not in meta:
+            raise ValueError(f"{path} does not say which tokenizer its data used (no dataset_meta['tokenizer']); "
+                             "it was not written by train.py")
+        tokenizer = get_tokenizer(meta["tokenizer"])
+    else:
+        model_args, state = load_gpt2(args.init_from, args.cache_dir)
+        model = GPT(GPTConfig.from_dict(model_args))
+        load_state_into(model, state)
+        model.to(args.device)
+        tokenizer = get_tokenizer("gpt2")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"the {tokenizer.name} tokenizer has {tokenizer.vocab_size} tokens, "
+                         f"more than the model's vocab_size={model.config.vocab_size}")
+    return model.eval(), tokenizer
+
+
+def read_prompt(start, tokenizer, block_size):
+    """Token ids of --start (or of FILE:path), cropped to the last block_size tokens with a note."""
+    if start.startswith("FILE:"):
+        path = Path(start[len("FILE:"):])
+        try:
+            start = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ValueError(f"cannot read the prompt file {path}: {e.strerror}") from None
+    ids = tokenizer.encode(start)
+    if not ids:
+        if tokenizer.eot is None:
+            raise ValueError("the prompt is empty; give some text with --start")
+        ids = [tokenizer.eot]  # an empty prompt starts a new document
+    if len(ids) > block_size:
+        print(f"note: the prompt has {len(ids)} tokens, more than block_size={block_size}; "
+              f"using its last {block_size}", file=sys.stderr)
+        ids = ids[-block_size:]
+    return ids
+
+
+class StreamDecoder:
+    """Turns token ids into text as they arrive. A token can end inside a multi-byte UTF-8 character
+    (a lone byte of the bytes tokenizer, or a GPT-2 token holding half an emoji); the decoded text
+    then ends in U+FFFD, so it is held back until the character is complete."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.pending = []  # ids since the last character boundary
+
+    def push(self, token):
+        self.pending.append(token)
+        text = self.tokenizer.decode(self.pending)
+        if text.endswith("\ufffd"):
+            return ""
+        self.pending = []
+        return text
+
+    def flush(self):
+        text = self.tokenizer.decode(self.pending)  # whatever is left; an incomplete character shows as U+FFFD
+        self.pending = []
+        return text
+
+
+def routing_table(model, stats, n_tokens):
+    """One line per route: sources m, the top source, max weight, normalised entropy, rd's JS(QK, V),
+    and the weights of the sources in depth order drawn with a 10-level ASCII ramp scaled to the row's max."""
+    per_block = model.config.sublayers_per_block
+    source = "sublayer i-1's output" if per_block == 1 else "routing block i (the last one may be in progress)"
+    ramp = "_.:-=+*#%@"
+    lines = [f"routing over the prompt ({n_tokens} tokens): depth weights averaged over positions; "
+             f"source 0 = embedding, source i = {source}",
+             f"{'route':<10} {'m':>3} {'top':>4} {'max':>5} {'entropy':>7} {'js(qk,v)':>8}  weights"]
+    for name, s in stats.items():
+        w = s["weights"]
+        top = max(range(len(w)), key=w.__getitem__)
+        bar = "".join(ramp[min(9, round(9 * x / max(w)))] for x in w)
+        fmt = lambda key, width: f"{s[key]:>{width}.2f}" if key in s else f"{'-':>{width}}"
+        lines.append(f"{name:<10} {s['sources']:>3} {top:>4} {max(w):>5.2f} {fmt('entropy', 7)} {fmt('js_qk_v', 8)}  |{bar}|")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    try:
+        model, tokenizer = load(args)
+        ids = read_prompt(args.start, tokenizer, model.config.block_size)
+    except (FileNotFoundError, ValueError, DownloadError) as e:  # a missing checkpoint, an unknown tokenizer, ...
+        fail(e)
+    device_type = "cuda" if "cuda" in args.device else "cpu"
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    ctx = nullcontext() if args.dtype == "float32" else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    x = torch.tensor(ids, dtype=torch.long, device=args.device)[None]
+
+    if args.routing:
+        if model.config.residual == "standard":
+            print("routing: none, this is a standard (residual stream) model")
+        else:
+            with torch.no_grad(), ctx:
+                model(x, collect_routing=True)
+            print(routing_table(model, model.last_routing, len(ids)))
+        print("---------------")
+
+    top_k = args.top_k if args.top_k > 0 else None
+    for _ in range(args.num_samples):
+        print(tokenizer.decode(ids), end="", flush=True)
+        decoder = StreamDecoder(tokenizer)
+        with ctx:
+            for token in model.generate_tokens(x, args.max_new_tokens, args.temperature, top_k,
+                                         args.cache, tokenizer.vocab_size):
+                print(decoder.push(token.item()), end="", flush=True)
+        print(decoder.flush())
+        print("---------------")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""
+sample.py and fold.py: sampling from any checkpoint, and folding DLR away.
+
+The checkpoints are tiny models written here with checkpoint.save_checkpoint, with the keys
+train.py writes. The scripts run in-process through their main(argv) (a CLI run costs seconds of
+start-up); one test runs both as real commands.
+
+Tolerances. A fold stores in B the very float32 tensor B + sR that the DLR forward forms on every
+call (LowRankLinear.up_weight), and every later operation is the same: the logits are bitwise
+equal, so the fold tests ask for equality. --dense stores W = B A, multiplied in float64 and rounded
+to float32 (relative error 2^-24 = 6e-8 per weight); compared in float64, where the forward's own
+rounding is negligible, the logits move by 1e-7 (measured) on a logit scale of 0.5; we allow 1e-5.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fold
+import sample
+from checkpoint import load_checkpoint, load_model, model_args, save_checkpoint
+from model import GPT, GPTConfig, LowRankLinear
+from shards import get_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TIKTOKEN = REPO.parent / "shared/tiktoken_cache"
+TINY = dict(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+DLR = dict(lowrank_rank=8, dlr=True, dlr_alpha=1.3)
+
+
+def tiny_model(seed=0, **overrides):
+    """A tiny GPT with non-trivial weights: random LayerNorms, biases and pseudo-queries."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**dict(TINY, **overrides)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln" in name:
+                p.add_(0.3 * torch.randn_like(p))
+            if name.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+            if "res_query" in name:
+                p.copy_(2.0 * torch.randn_like(p))
+    return model.eval()
+
+
+def write_ckpt(path, tokenizer="bytes", **overrides):
+    model = tiny_model(**overrides)
+    save_checkpoint({"model": model.state_dict(), "model_args": model_args(model), "optimizer": {"state": {}},
+                     "iter_num": 7, "best_val_loss": 3.2, "config": {"dataset": "tiny"},
+                     "dataset_meta": {"tokenizer": tokenizer, "vocab_size": 256}}, path)
+    return path
+
+
+def run(script, argv, capsys):
+    """(exit code, stdout, stderr) of script.main(argv)."""
+    try:
+        script.main([str(a) for a in argv])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def all_logits(model, idx):
+    logits, _ = model(idx, targets=torch.zeros_like(idx))  # with targets: logits at every position
+    return logits
+
+
+def tokens(seed=0, b=3, t=32):
+    return torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: a second intra-op thread costs more than it saves, and on a loaded machine
+    (measured: 2 cores, load 5) the threads' waiting made these tests 20-50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+GREEDY = ["--temperature=0", "--num_samples=1", "--max_new_tokens=40", "--start=To be or not"]
+
+
+# -----------------------------------------------------------------------------
+# fold.py
+
+@pytest.mark.parametrize("mode,res_blocks", [("delta", 2), ("rd", 0)])
+def test_fold_keeps_logits_and_greedy_samples(tmp_path, capsys, mode, res_blocks):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual=mode, res_blocks=res_blocks, **DLR)
+    code, report, _ = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt"], capsys)
+    assert code == 0 and "max |logit diff| 0 " in report
+    original, _ = load_model(ckpt)
+    folded, folded_ckpt = load_model(tmp_path / "folded.pt")
+    assert folded_ckpt["model_args"]["dlr"] is False and original.config.dlr
+    assert "optimizer" not in folded_ckpt  # it belongs to the unfolded weights
+    assert folded_ckpt["dataset_meta"] == {"tokenizer": "bytes", "vocab_size": 256} and folded_ckpt["iter_num"] == 7
+    with torch.no_grad():
+        assert torch.equal(all_logits(original.eval(), tokens()), all_logits(folded.eval(), tokens()))  # see the module docstring
+    samples = [run(sample, ["--ckpt", path] + GREEDY, capsys)[1] for path in (ckpt, tmp_path / "folded.pt")]
+    assert samples[0] == samples[1] and len(samples[0]) > len("To be or not") + 10
+
+
+def test_folded_size_equals_plain_lowrank(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="attnres", **DLR)
+    code, report, _ = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt"], capsys)
+    assert code == 0
+    folded, _ = load_model(tmp_path / "folded.pt")
+    plain = GPT(GPTConfig(**dict(TINY, residual="attnres", lowrank_rank=8)))
+    assert folded.get_num_params() == plain.get_num_params()
+    assert folded.flops_per_token() == plain.flops_per_token()
+    assert {k: v.shape for k, v in folded.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
+    assert not any(m.dlr for m in folded.modules() if isinstance(m, LowRankLinear))
+    # the report: before, after and a fresh plain low-rank model, all the same size
+    rows = [line.split()[-2:] for line in report.splitlines() if line.startswith(("before", "after", "fresh"))]
+    assert len(rows) == 3 and rows[0] == rows[1] == rows[2] == [f"{plain.get_num_params():,}", f"{plain.flops_per_token():,}"]
+
+
+@pytest.mark.parametrize("dlr", [True, False])
+def test_dense_export_is_a_standard_gpt(tmp_path, capsys, dlr):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", lowrank_rank=8, dlr=dlr, lowrank_act="identity")
+    code, _, _ = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "dense.pt", "--dense"], capsys)
+    assert code == 0
+    dense, dense_ckpt = load_model(tmp_path / "dense.pt")
+    assert dense_ckpt["model_args"]["lowrank_rank"] == 0 and dense.config.residual == "standard"
+    plain = GPT(GPTConfig(**TINY))  # GPT-2's layout: the same names and shapes
+    assert {k: v.shape for k, v in dense.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
+    assert dense.state_dict()["transformer.h.0.attn.c_attn.weight"].shape == (3 * 32, 32)
+    original, _ = load_model(ckpt)
+    with torch.no_grad():
+        diff = (all_logits(original.double().eval(), tokens()) - all_logits(dense.double().eval(), tokens())).abs().max().item()
+    assert diff < 1e-5  # float32 storage of B A: see the module docstring
+
+
+def test_dense_export_needs_identity_activation(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", lowrank_act="silu", **DLR)
+    code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "dense.pt", "--dense"], capsys)
+    assert code == 1 and err.startswith("error: --dense needs lowrank_act=identity") and "not a linear map" in err
+    assert not (tmp_path / "dense.pt").exists()
+
+
+@pytest.mark.parametrize("overrides", [dict(lowrank_rank=8), dict()], ids=["lowrank-no-dlr", "dense"])
+def test_fold_refuses_nothing_to_fold(tmp_path, capsys, overrides):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", **overrides)
+    code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt"], capsys)
+    assert code == 1 and "nothing to fold" in err and err.count("\n") == 1
+    assert not (tmp_path / "folded.pt").exists()
+
+
+def test_fold_never_overwrites_its_input(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", **DLR)
+    before = ckpt.read_bytes()
+    (tmp_path / "link.pt").symlink_to(ckpt)
+    for out in (ckpt, tmp_path / "sub" / ".." / "ckpt.pt", tmp_path / "link.pt"):
+        code, _, err = run(fold, ["--ckpt", ckpt, "--out", out], capsys)
+        assert code == 1 and "is the input checkpoint" in err
+    assert ckpt.read_bytes() == before
+
+
+def test_fold_check_catches_a_wrong_fold(tmp_path, capsys, monkeypatch):
+    """The verification is real: a dense export that loses the biases is not written."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", lowrank_rank=8, lowrank_act="identity")
+    right = fold.dense_state_dict
+    monkeypatch.setattr(fold, "dense_state_dict",
+                        lambda model: {k: (torch.zeros_like(v) if k.endswith("c_fc.bias") else v) for k, v in right(model).items()})
+    code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "dense.pt", "--dense"], capsys)
+    assert code == 1 and "the logits changed" in err
+    assert not (tmp_path / "dense.pt").exists()
+
+
+# -----------------------------------------------------------------------------
+# sample.py: generation
+
+@pytest.mark.parametrize("linear", [{}, DLR], ids=["dense", "dlr"])
+@pytest.mark.parametrize("mode,res_blocks", [("standard", 0), ("attnres", 0), ("attnres", 2),
+                                             ("delta", 0), ("delta", 2), ("rd", 0), ("rd", 2)])
+def test_cached_sampling_equals_uncached(mode, res_blocks, linear):
+    model = tiny_model(residual=mode, res_blocks=res_blocks, **linear)
+    prompt = tokens(b=2, t=5)
+    # 40 new tokens after 5 run past block_size=32: the window slides and the cache is rebuilt
+    cached = torch.cat(list(model.generate_tokens(prompt, 40, temperature=0, use_cache=True)), dim=1)
+    uncached = torch.cat(list(model.generate_tokens(prompt, 40, temperature=0, use_cache=False)), dim=1)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(torch.cat([prompt, cached], dim=1), model.generate(prompt, 40, temperature=0))
+
+
+def test_cache_makes_each_new_token_one_position():
+    """N new tokens: one forward over the prompt, then N - 1 forwards of a single position."""
+    model = tiny_model(residual="delta", **DLR)
+    lengths = []
+    model.register_forward_pre_hook(lambda module, args: lengths.append(args[0].size(1)))
+    list(model.generate_tokens(tokens(b=1, t=5), 20, temperature=0.8, top_k=10))
+    assert lengths == [5] + [1] * 19
+
+
+def test_sampling_skips_padded_vocabulary():
+    """A vocabulary padded past the tokenizer's has ids no tokenizer can decode: they are never drawn."""
+    model = tiny_model(vocab_size=320)
+    drawn = torch.cat(list(model.generate_tokens(tokens(b=4, t=4), 60, temperature=2.0, vocab_size=64)), dim=1)
+    assert drawn.max().item() < 64 and drawn.unique().numel() > 20
+
+
+def test_cache_flag_gives_the_same_greedy_text(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd", res_blocks=2, **DLR)
+    with_cache = run(sample, ["--ckpt", ckpt, "--max_new_tokens=50"] + GREEDY, capsys)
+    without = run(sample, ["--ckpt", ckpt, "--max_new_tokens=50", "--cache=False"] + GREEDY, capsys)
+    assert with_cache == without and with_cache[0] == 0
+
+
+# -----------------------------------------------------------------------------
+# sample.py: decoding as tokens stream in
+
+def test_stream_decoder_holds_back_incomplete_utf8():
+    text = "héllo wörld ✓ 🤗"
+    decoder = sample.StreamDecoder(get_tokenizer("bytes"))
+    pieces = [decoder.push(b) for b in text.encode("utf-8")]
+    assert pieces[1:3] == ["", "é"]  # 0xC3 alone is half a character
+    assert "".join(pieces) + decoder.flush() == text and not any("\ufffd" in p for p in pieces)
+
+
+@pytest.fixture
+def gpt2_offline(monkeypatch):
+    """tiktoken's gpt2 files from a local cache; skip rather than touch the network."""
+    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+        if not SHARED_TIKTOKEN.is_dir():
+            pytest.skip("needs TIKTOKEN_CACHE_DIR (tiktoken's gpt2 files) to run offline")
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
+
+
+def test_stream_decoder_gpt2(gpt2_offline):
+    tok = get_tokenizer("gpt2")
+    text = "Emoji 🤗 and 漢字 split across tokens"
+    decoder = sample.StreamDecoder(tok)
+    pieces = [decoder.push(t) for t in tok.encode(text)]
+    assert "" in pieces  # some token ended inside a character
+    assert "".join(pieces) + decoder.flush() == text and not any("\ufffd" in p for p in pieces)
+
+
+# -----------------------------------------------------------------------------
+# sample.py: --routing and errors
+
+def test_routing_table_has_a_row_per_route(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd")
+    code, out, _ = run(sample, ["--ckpt", ckpt, "--routing", "--num_samples=0", "--start=The routing of a prompt"], capsys)
+    assert code == 0
+    model, _ = load_model(ckpt)
+    model.eval()(torch.tensor([list(b"The routing of a prompt")]), collect_routing=True)
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:-1]}
+    assert list(rows) == model.route_names() == ["L0.attn", "L0.mlp", "L1.attn", "L1.mlp", "L0.attn.v", "L1.attn.v", "out"]
+    for name, s in model.last_routing.items():
+        row = rows[name]  # route, m, top, max, entropy, js, |bar|
+        assert int(row[1]) == s["sources"] and float(row[3]) == pytest.approx(max(s["weights"]), abs=0.006)
+        assert row[4] == (f"{s['entropy']:.2f}" if "entropy" in s else "-")
+        assert row[5] == (f"{s['js_qk_v']:.2f}" if "js_qk_v" in s else "-")
+        assert len(row[6]) == s["sources"] + 2
+
+
+def test_routing_of_a_standard_model(tmp_path, capsys):
+    code, out, _ = run(sample, ["--ckpt", write_ckpt(tmp_path / "ckpt.pt"), "--routing", "--num_samples=0"], capsys)
+    assert code == 0 and out.startswith("routing: none")
+
+
+def test_init_from_gpt2_decodes_with_gpt2(capsys, monkeypatch, gpt2_offline):
+    """--init_from=gpt2 loads checkpoint.load_gpt2's weights (a tiny stand-in here: no download)."""
+    model = tiny_model(vocab_size=50257)
+    calls = []
+    monkeypatch.setattr(sample, "load_gpt2", lambda *args: calls.append(args) or (model_args(model), model.state_dict()))
+    code, out, _ = run(sample, ["--init_from=gpt2", "--start=Hello, world", "--temperature=0",
+                                "--num_samples=1", "--max_new_tokens=8"], capsys)
+    assert code == 0 and calls == [("gpt2", "cache")]
+    ids = model.generate(torch.tensor([get_tokenizer("gpt2").encode("Hello, world")]), 8, temperature=0)
+    assert out == get_tokenizer("gpt2").decode(ids[0].tolist()) + "\n---------------\n"
+
+
+def test_missing_checkpoint_is_one_line(tmp_path, capsys):
+    code, out, err = run(sample, ["--out_dir", tmp_path / "nowhere"], capsys)
+    assert code == 1 and out == "" and err.startswith("error: no checkpoint at") and err.count("\n") == 1
+
+
+def test_unknown_tokenizer_is_one_line(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tokenizer="klingon")
+    code, _, err = run(sample, ["--ckpt", ckpt], capsys)
+    assert code == 1 and err.startswith("error: unknown tokenizer 'klingon'") and err.count("\n") == 1
+
+
+def test_long_prompt_is_cropped_with_a_note(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="delta")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("".join(chr(ord("a") + i % 26) for i in range(50)))  # 50 bytes, block_size 32
+    code, out, err = run(sample, ["--ckpt", ckpt, f"--start=FILE:{prompt}", "--num_samples=1",
+                                  "--max_new_tokens=5", "--temperature=0"], capsys)
+    assert code == 0 and "note: the prompt has 50 tokens, more than block_size=32; using its last 32" in err
+    assert out.startswith(prompt.read_text()[-32:]) and not out.startswith(prompt.read_text()[-33:])
+
+
+# -----------------------------------------------------------------------------
+# both scripts as commands
+
+def test_fold_then_sample_commands(tmp_path):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="attnres", res_blocks=2, **DLR)
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # as the one_thread fixture
+    cmd = lambda *args: subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env=env,
+                                       capture_output=True, text=True, timeout=120)
+    folded = cmd("fold.py", f"--ckpt={ckpt}", f"--out={tmp_path / 'folded.pt'}")
+    assert folded.returncode == 0, folded.stderr
+    assert load_checkpoint(tmp_path / "folded.pt")["model_args"]["dlr"] is False
+    sampled = cmd("sample.py", f"--ckpt={tmp_path / 'folded.pt'}", "--routing", *GREEDY)
+    assert sampled.returncode == 0, sampled.stderr
+    assert "L3" not in sampled.stdout and "\nout " in sampled.stdout and "To be or not" in sampled.stdout
