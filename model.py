@@ -259,15 +259,15 @@ class DepthSources:
     Fast paths, none of which changes the math:
     - each completed source is normalised once, and because the pseudo-queries do not depend on
       the input, its logits against every route are one [B, T, d] x [d, R] matmul, done when the
-      source is created; a route then only slices its column.
+      source is created and stored route-major ([R, B, T]), so a route reads one contiguous row.
     - the mix is a running addcmul over the source list: nothing is stacked, so autograd keeps
       each source once (memory O(depth), not O(depth^2) as a stack per sublayer would).
     """
 
     def __init__(self, e, queries, collect=False):
         self.queries = queries  # [R, d]: every pseudo-query of the model, one row per route
-        self.values = []  # completed sources
-        self.logits = None  # [B, T, n_completed, R]: each completed source against every route
+        self.values = []  # completed sources, each [B, T, d]
+        self.logits = []  # per completed source, [R, B, T]: its logit for every route
         self.partial = None  # p, the running sum of the current block
         self.partial_key = None
         self.collect = collect
@@ -282,25 +282,28 @@ class DepthSources:
 
     def end_block(self):
         """The current block is complete: p becomes a source of its own."""
-        logits = (routing_key(self.partial) @ self.queries.t()).unsqueeze(2)  # [B, T, 1, R]
-        self.logits = logits if self.logits is None else torch.cat([self.logits, logits], dim=2)
+        logits = routing_key(self.partial) @ self.queries.t()  # [B, T, R]: w_r . rmsnorm(s) for every route r
+        self.logits.append(logits.permute(2, 0, 1).contiguous())
         self.values.append(self.partial)
         self.partial = self.partial_key = None
 
     def route(self, r):
         """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources."""
-        logits, values = self.logits[..., r], self.values  # [B, T, m]
+        logits, values = [lg[r] for lg in self.logits], self.values  # m x [B, T]
         if self.partial is not None:  # p changes after every sublayer, so its logit is computed per route
             if self.partial_key is None:
                 self.partial_key = routing_key(self.partial)
-            logits = torch.cat([logits, (self.partial_key @ self.queries[r]).unsqueeze(-1)], dim=-1)
+            logits.append(self.partial_key @ self.queries[r])
             values = values + [self.partial]
-        a = logits.softmax(dim=-1)
+        a = torch.stack(logits).softmax(dim=0).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous
         if self.collect:
-            self.weights[r] = a.detach().float().mean(dim=(0, 1)).cpu()
-        mix = values[0] * a[..., 0:1]
-        for i in range(1, len(values)):
-            mix = torch.addcmul(mix, values[i], a[..., i:i + 1])
+            self.weights[r] = a.detach().float().mean(dim=(1, 2, 3)).cpu()
+        if not torch.is_grad_enabled():  # inference (decoding): no autograd memory to save, so 3 ops beat 2m small ones
+            return (torch.stack(values) * a).sum(dim=0)
+        a = a.unbind(0)
+        mix = values[0] * a[0]
+        for s_i, a_i in zip(values[1:], a[1:]):
+            mix = torch.addcmul(mix, s_i, a_i)
         return mix
 
 
@@ -450,7 +453,8 @@ class GPT(nn.Module):
             groups.append({"params": queries, "weight_decay": 0.0, "lr_mult": res_query_lr_mult})
         for g in groups:
             g["lr"] = learning_rate * g["lr_mult"]
-        fused = device_type == "cuda"
+        # the fused kernel (one op for all parameters) exists for CUDA and, since torch 2.4, for CPU
+        fused = device_type in ("cuda", "cpu")
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self):

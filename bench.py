@@ -1,0 +1,242 @@
+"""
+How much does depth routing cost? Times, side by side and interleaved (so machine drift hits every
+row alike), a training step and one-token decoding with the KV cache for every residual mode, and
+the low-rank / DLR / folded variants, then prints tokens/s, the ratio to each row's reference,
+peak memory and MFU.
+
+    python bench.py                                   # CPU, float32, default config
+    python bench.py --dtype=bfloat16 --json=bench.json
+    python bench.py --device=cuda --dtype=bfloat16 --compile
+    python bench.py --n_layer=12 --n_embd=768 --n_head=12 --rows=standard,delta/res_blocks=0
+
+MFU is measured against the matmul throughput this script measures at start-up on the same
+device and dtype (a large square matmul), not against a datasheet figure.
+"""
+
+import argparse
+import json
+import time
+from contextlib import nullcontext
+
+import torch
+
+from model import GPT, GPTConfig
+
+# name -> (GPTConfig overrides, the row it is compared with)
+ROWS = {
+    "standard": ({}, "standard"),
+    "attnres/res_blocks=0": ({"residual": "attnres", "res_blocks": 0}, "standard"),
+    "attnres/res_blocks=4": ({"residual": "attnres", "res_blocks": 4}, "standard"),
+    "delta/res_blocks=0": ({"residual": "delta", "res_blocks": 0}, "standard"),
+    "delta/res_blocks=4": ({"residual": "delta", "res_blocks": 4}, "standard"),
+    "rd/res_blocks=0": ({"residual": "rd", "res_blocks": 0}, "standard"),
+    "rd/res_blocks=4": ({"residual": "rd", "res_blocks": 4}, "standard"),
+    "dense": ({}, "dense"),
+    "lowrank/rank={r}": ({"lowrank_rank": "{r}"}, "dense"),
+    "dlr/rank={r}": ({"lowrank_rank": "{r}", "dlr": True}, "dense"),
+    "folded/rank={r}": ({"lowrank_rank": "{r}", "dlr": True, "fold": True}, "lowrank/rank={r}"),
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--compile", action="store_true", help="torch.compile every model")
+    p.add_argument("--n_layer", type=int, default=8)
+    p.add_argument("--n_head", type=int, default=8)
+    p.add_argument("--n_embd", type=int, default=256)
+    p.add_argument("--block_size", type=int, default=256)
+    p.add_argument("--vocab_size", type=int, default=256, help="byte-level, like the default datasets: a 50k head would hide the routing cost")
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--rank", type=int, default=None, help="low-rank rank (default n_embd / 4)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each row's fastest round is reported")
+    p.add_argument("--train_steps", type=int, default=3, help="training steps per row per round")
+    p.add_argument("--decode_tokens", type=int, default=32, help="decoded tokens per row per round")
+    p.add_argument("--rows", default="all", help="comma-separated row names, or 'all'")
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    return p.parse_args()
+
+
+def measure_peak_flops(device, dtype, n=2048, reps=10):
+    """Matmul FLOP/s of this device and dtype: the ceiling MFU is measured against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class SavedTensorBytes:
+    """On the CPU there is no allocator peak to read, so training memory is counted as what a step
+    holds at its peak: parameters, gradients and AdamW's two moments, plus every tensor autograd
+    saves for the backward pass (each storage counted once)."""
+
+    def __init__(self):
+        self.storages = {}
+
+    def pack(self, t):
+        s = t.untyped_storage()
+        self.storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    @property
+    def nbytes(self):
+        return sum(self.storages.values())
+
+
+class Row:
+    """One model under test: its training step and its decoding loop."""
+
+    def __init__(self, name, reference, cfg, args, ctx):
+        overrides = dict(cfg)
+        fold = overrides.pop("fold", False)
+        torch.manual_seed(0)
+        self.model = GPT(GPTConfig(**base_config(args), **overrides)).to(args.device)
+        if fold:
+            self.model.fold_dlr()
+        self.name, self.reference, self.args, self.ctx = name, reference, args, ctx
+        self.optimizer = self.model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), args.device.split(":")[0])
+        self.train_step_fn = torch.compile(self.model) if args.compile else self.model
+        self.decode_fn = self.model  # decoding shapes change every step: compiled graphs would recompile
+        g = torch.Generator().manual_seed(0)
+        B, T, V = args.batch_size, args.block_size, args.vocab_size
+        self.x = torch.randint(0, V, (B, T), generator=g).to(args.device)
+        self.y = torch.randint(0, V, (B, T), generator=g).to(args.device)
+        self.prompt = self.x[:, :16]
+        self.times = {"train": [], "decode": []}
+        self.peak_mem = None
+
+    def train_step(self):
+        with self.ctx:
+            _, loss = self.train_step_fn(self.x, self.y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def time_train(self, steps):
+        sync(self.args.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.train_step()
+        sync(self.args.device)
+        self.times["train"].append((time.perf_counter() - t0) / steps)
+
+    @torch.no_grad()
+    def time_decode(self, n_tokens):
+        self.model.eval()
+        cache = self.model.make_cache()
+        with self.ctx:
+            logits, _ = self.decode_fn(self.prompt, cache=cache)  # prefill, not timed
+            sync(self.args.device)
+            t0 = time.perf_counter()
+            for _ in range(n_tokens):
+                token = logits[:, -1].argmax(dim=-1, keepdim=True)
+                logits, _ = self.decode_fn(token, cache=cache)
+            sync(self.args.device)
+        self.times["decode"].append((time.perf_counter() - t0) / n_tokens)
+        self.model.train()
+
+    def measure_memory(self):
+        dev = self.args.device
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.train_step()
+            self.peak_mem = torch.cuda.max_memory_allocated() / 2 ** 20
+            return
+        state = sum(p.numel() * p.element_size() for p in self.model.parameters()) * 4  # params, grads, 2 moments
+        with SavedTensorBytes() as saved, self.ctx:
+            _, loss = self.model(self.x, self.y)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.peak_mem = (state + saved.nbytes) / 2 ** 20
+
+
+def base_config(args):
+    return dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size,
+                vocab_size=args.vocab_size, dropout=0.0, bias=False)
+
+
+def main():
+    args = parse_args()
+    rank = args.rank or args.n_embd // 4
+    rows = {name.format(r=rank): ({k: (rank if v == "{r}" else v) for k, v in cfg.items()}, ref.format(r=rank))
+            for name, (cfg, ref) in ROWS.items()}
+    if args.rows != "all":
+        wanted = args.rows.split(",")
+        unknown = [w for w in wanted if w not in rows]
+        if unknown:
+            raise SystemExit(f"error: unknown row(s) {unknown}; choose from {', '.join(rows)}")
+        wanted += [rows[w][1] for w in wanted if rows[w][1] not in wanted]  # keep each row's reference
+        rows = {k: v for k, v in rows.items() if k in wanted}
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    device_type = args.device.split(":")[0]
+    ctx = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+
+    peak = measure_peak_flops(args.device, dtype)
+    print(f"device {args.device}, {args.dtype}{', compiled' if args.compile else ''}, torch threads "
+          f"{torch.get_num_threads()}; matmul peak measured {peak / 1e12:.2f} TFLOP/s")
+    print(f"config: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads, context {args.block_size}, "
+          f"batch {args.batch_size}, vocab {args.vocab_size}; low-rank rank {rank}")
+
+    bench = [Row(name, ref, cfg, args, ctx) for name, (cfg, ref) in rows.items()]
+    for row in bench:  # warm-up (and compilation), then memory
+        row.train_step()
+        row.time_decode(2)
+        row.measure_memory()
+    for _ in range(args.rounds):  # interleaved: every row runs once per round
+        for row in bench:
+            row.time_train(args.train_steps)
+            row.time_decode(args.decode_tokens)
+
+    results = []
+    by_name = {row.name: row for row in bench}
+    tokens_per_step = {"train": args.batch_size * args.block_size, "decode": args.batch_size}
+    for phase in ("train", "decode"):
+        for row in bench:
+            t = min(row.times[phase])  # the fastest round: other load only ever adds time
+            ref_t = min(by_name[row.reference].times[phase])
+            flops = row.model.flops_per_token() * (1 if phase == "train" else 1 / 3)  # decode: forward only
+            tok_s = tokens_per_step[phase] / t
+            results.append({"name": row.name, "phase": phase, "tokens_per_s": tok_s, "ratio": ref_t / t,
+                            "reference": row.reference, "peak_mem_mb": row.peak_mem, "mfu": flops * tok_s / peak})
+    for row in results:  # memory ratio, training only
+        if row["phase"] == "train":
+            row["mem_ratio"] = row["peak_mem_mb"] / by_name[row["reference"]].peak_mem
+
+    print()
+    print(f"| {'row':<22} | {'phase':<6} | {'tokens/s':>10} | {'ratio':>6} | {'vs':<16} | {'peak MB':>8} | {'mem ratio':>9} | {'MFU':>6} |")
+    print(f"|{'-' * 24}|{'-' * 8}|{'-' * 12}|{'-' * 8}|{'-' * 18}|{'-' * 10}|{'-' * 11}|{'-' * 8}|")
+    for r in results:
+        mem = f"{r['peak_mem_mb']:.0f}" if r["phase"] == "train" else ""
+        mem_ratio = f"{r['mem_ratio']:.3f}" if r["phase"] == "train" else ""
+        print(f"| {r['name']:<22} | {r['phase']:<6} | {r['tokens_per_s']:>10,.0f} | {r['ratio']:>6.3f} | "
+              f"{r['reference']:<16} | {mem:>8} | {mem_ratio:>9} | {100 * r['mfu']:>5.1f}% |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile,
+                       "matmul_peak_flops": peak, "config": vars(args), "rows": results}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
