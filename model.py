@@ -194,6 +194,10 @@ class CausalSelfAttention(nn.Module):
             mask, is_causal = None, False  # one new token may see every cached position
         else:
             mask, is_causal = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past), False
+        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+            # PyTorch's CPU flash attention is slower in bf16 than in fp32 (its backward 4x at head
+            # size 32, measured), while the projections around it gain from bf16: attend in fp32
+            q, k, v = q.float(), k.float(), v.float()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -238,9 +242,12 @@ class Block(nn.Module):
 # -----------------------------------------------------------------------------
 # Routing: the one operation every routed mode shares
 
-def routing_key(s):
-    """rmsnorm without a gain (a gain would only rescale the query): keys are normalised, values are not."""
-    return F.rms_norm(s, (s.size(-1),), eps=ROUTING_RMS_EPS)
+def routing_logits(s, queries):
+    """w . rmsnorm(s) for every row w of queries (rmsnorm without a gain: a gain would only rescale w).
+    Computed as (s . w) / rms(s), so no normalised copy of s is made or kept for the backward pass."""
+    s_wide = s.to(torch.promote_types(s.dtype, torch.float32))  # the mean of squares in at least float32
+    inv_rms = torch.rsqrt(s_wide.pow(2).mean(dim=-1, keepdim=True) + ROUTING_RMS_EPS)
+    return (s @ queries.t()) * inv_rms
 
 
 class DepthSources:
@@ -257,19 +264,19 @@ class DepthSources:
     b_k = h(end of block k) - h(start of block k), so sum(sources) = h_j telescopes).
 
     Fast paths, none of which changes the math:
-    - each completed source is normalised once, and because the pseudo-queries do not depend on
-      the input, its logits against every route are one [B, T, d] x [d, R] matmul, done when the
-      source is created and stored route-major ([R, B, T]), so a route reads one contiguous row.
+    - the pseudo-queries do not depend on the input, so a completed source's logits against every
+      route are one [B, T, d] x [d, R] matmul, done once when the source is created and stored
+      route-major ([R, B, T]), so a route reads one contiguous row instead of a pass over [B, T, d].
     - the mix is a running addcmul over the source list: nothing is stacked, so autograd keeps
       each source once (memory O(depth), not O(depth^2) as a stack per sublayer would).
     """
 
     def __init__(self, e, queries, collect=False):
         self.queries = queries  # [R, d]: every pseudo-query of the model, one row per route
+        self.dtype = e.dtype  # sources are kept in the embedding's precision (the stream's, in standard)
         self.values = []  # completed sources, each [B, T, d]
         self.logits = []  # per completed source, [R, B, T]: its logit for every route
         self.partial = None  # p, the running sum of the current block
-        self.partial_key = None
         self.collect = collect
         self.weights = {}  # route -> mean depth weights over batch and positions (when collecting)
         self.add(e)
@@ -277,23 +284,21 @@ class DepthSources:
 
     def add(self, out):
         """A sublayer's output joins the current block's running sum p."""
+        out = out.to(self.dtype)  # under autocast outputs arrive in bf16; one dtype keeps every routing op on its fast path
         self.partial = out if self.partial is None else self.partial + out
-        self.partial_key = None
 
     def end_block(self):
         """The current block is complete: p becomes a source of its own."""
-        logits = routing_key(self.partial) @ self.queries.t()  # [B, T, R]: w_r . rmsnorm(s) for every route r
+        logits = routing_logits(self.partial, self.queries)  # [B, T, R]: w_r . rmsnorm(s) for every route r
         self.logits.append(logits.permute(2, 0, 1).contiguous())
         self.values.append(self.partial)
-        self.partial = self.partial_key = None
+        self.partial = None
 
     def route(self, r):
         """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources."""
         logits, values = [lg[r] for lg in self.logits], self.values  # m x [B, T]
         if self.partial is not None:  # p changes after every sublayer, so its logit is computed per route
-            if self.partial_key is None:
-                self.partial_key = routing_key(self.partial)
-            logits.append(self.partial_key @ self.queries[r])
+            logits.append(routing_logits(self.partial, self.queries[r:r + 1])[..., 0])
             values = values + [self.partial]
         a = torch.stack(logits).softmax(dim=0).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous
         if self.collect:
