@@ -54,6 +54,7 @@ def parse_args():
     p.add_argument("--train_steps", type=int, default=3, help="training steps per row per round")
     p.add_argument("--decode_tokens", type=int, default=32, help="decoded tokens per row per round")
     p.add_argument("--rows", default="all", help="comma-separated row names, or 'all'")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     return p.parse_args()
 
@@ -178,6 +179,8 @@ def base_config(args):
 
 def main():
     args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rank = args.rank or args.n_embd // 4
     rows = {name.format(r=rank): ({k: (rank if v == "{r}" else v) for k, v in cfg.items()}, ref.format(r=rank))
             for name, (cfg, ref) in ROWS.items()}
