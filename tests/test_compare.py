@@ -1,0 +1,276 @@
+"""
+compare.py: the paired statistics on synthetic logs, the paired protocol (same init, same batches
+for every mode), resuming a grid, and a tiny end-to-end grid through train.py.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import compare
+from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**overrides):
+    cfg = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+    cfg.update(overrides)
+    return GPTConfig(**cfg)
+
+
+def routing_of(residual, res_blocks=0, seed=0):
+    """A real model.last_routing of a routed mode, with random (so non-uniform) pseudo-queries."""
+    torch.manual_seed(seed)
+    model = GPT(tiny_config(residual=residual, res_blocks=res_blocks))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "res_query" in name:
+                p.normal_(0, 3)
+        model(torch.randint(0, 64, (2, 16)), collect_routing=True)
+    return model.last_routing
+
+
+def write_log(run_dir, val_losses, routing=None, done=True, elapsed_s=10.0):
+    """A log.jsonl as train.py writes it: evals at iters 0, 10, 20, ... with the given val losses."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    events = []
+    for i, v in enumerate(val_losses):
+        events.append({"event": "train", "iter": 10 * i, "loss": v + 0.1, "lr": 1e-3, "ms_per_iter": 5.0})
+        ev = {"event": "eval", "iter": 10 * i, "train_loss": v - 0.05, "val_loss": v}
+        if routing is not None:
+            ev["routing"] = routing
+        events.append(ev)
+    if done:
+        events.append({"event": "done", "iter": 10 * (len(val_losses) - 1), "val_loss": val_losses[-1],
+                       "best_val_loss": min(val_losses), "ckpt": str(run_dir / "ckpt.pt"), "elapsed_s": elapsed_s})
+    (run_dir / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+# -----------------------------------------------------------------------------
+# run names
+
+def test_run_names_round_trip():
+    for name in compare.GRIDS["all"]:
+        assert compare.run_name(compare.run_settings(name)) == name
+    assert compare.run_settings("dlr/rank=32") == dict(residual="standard", lowrank_rank=32, dlr=True)
+    assert compare.run_settings("delta/res_blocks=4") == dict(residual="delta", res_blocks=4, lowrank_rank=0, dlr=False)
+    assert compare.select_runs("attnres,delta/res_blocks=2") == ["standard", "attnres/res_blocks=0", "delta/res_blocks=2"]
+    for bad in ("resnet", "lowrank", "attnres/res_blocks=x", "standard/res_blocks=4", "delta/depth=3"):
+        with pytest.raises(ValueError):
+            compare.run_settings(bad)
+
+
+def test_run_settings_are_not_command_line_options():
+    with pytest.raises(ValueError, match="--runs"):
+        compare.parse_args(["--residual=delta"])
+    config, options, rest = compare.parse_args(["cfg.py", "--seeds=2", "--runs=lowrank", "--max_iters=5"])
+    assert (config, options["seeds"], options["runs"], rest) == ("cfg.py", 2, "lowrank", ["--max_iters=5"])
+
+
+# -----------------------------------------------------------------------------
+# aggregation on synthetic logs
+
+def test_paired_differences_wins_and_std():
+    ref = {0: 2.00, 1: 1.90, 2: 1.95}
+    run = {0: 1.90, 1: 1.95, 2: 1.85, 3: 1.00}  # seed 3 has no reference: left out of the pairing
+    p = compare.paired(run, ref)
+    assert p["seeds"] == [0, 1, 2] and p["n"] == 3
+    assert p["diff_nats"] == pytest.approx([-0.10, 0.05, -0.10], abs=1e-12)
+    assert p["diff_nats_mean"] == pytest.approx(-0.05, abs=1e-12)
+    assert p["diff_nats_std"] == pytest.approx(math.sqrt((0.05**2 + 0.1**2 + 0.05**2) / 2), abs=1e-12)  # ddof=1
+    assert p["ppl_pct"] == pytest.approx([100 * (math.exp(d) - 1) for d in (-0.10, 0.05, -0.10)], abs=1e-12)
+    assert p["ppl_pct_mean"] == pytest.approx(np.mean(p["ppl_pct"]), abs=1e-12)
+    assert p["wins"] == 2
+    assert compare.paired({0: 1.0}, {0: 1.0})["wins"] == 0  # a tie is no win
+    assert compare.paired({0: 1.0}, {0: 1.5})["diff_nats_std"] is None  # one seed: no std
+
+
+def test_aggregate_synthetic_grid(tmp_path):
+    runs = tmp_path / "compare" / "runs"
+    names = ["standard", "delta/res_blocks=0", "rd/res_blocks=0", "lowrank/rank=32", "dlr/rank=32"]
+    finals = {"standard": [1.90, 1.92, 1.88], "delta/res_blocks=0": [1.85, 1.93, 1.86],
+              "rd/res_blocks=0": [1.89, 1.91, 1.90], "lowrank/rank=32": [2.10, 2.12, 2.08],
+              "dlr/rank=32": [2.00, 2.05, 2.09]}
+    routings = {"delta/res_blocks=0": [routing_of("delta", seed=s) for s in range(3)],
+                "rd/res_blocks=0": [routing_of("rd", seed=s) for s in range(3)]}
+    for name in names:
+        for seed in range(3):
+            routing = routings[name][seed] if name in routings else None
+            write_log(runs / name / f"seed{seed}", [4.0, 2.5, finals[name][seed]], routing, elapsed_s=10.0 + seed)
+    write_log(runs / "delta/res_blocks=0" / "seed3", [4.0, 1.0], done=False)  # unfinished: ignored
+
+    records = compare.load_records(runs, names, range(4))
+    results = compare.write_results(tmp_path / "compare", records, names, range(3),
+                                    dict(command="python compare.py test", machine="test", max_iters=20),
+                                    publish=tmp_path / "docs" / "compare")
+    r = results["runs"]
+    assert r["standard"]["val_loss_mean"] == pytest.approx(1.90) and r["standard"]["paired"] == {}
+    assert r["standard"]["val_loss_std"] == pytest.approx(0.02)
+    assert r["delta/res_blocks=0"]["paired"]["standard"]["diff_nats"] == pytest.approx([-0.05, 0.01, -0.02])
+    assert r["delta/res_blocks=0"]["paired"]["standard"]["wins"] == 2
+    assert r["delta/res_blocks=0"]["elapsed_s_mean"] == pytest.approx(11.0)
+    # DLR rows are compared with dense standard and with their plain low-rank twin
+    assert set(r["dlr/rank=32"]["paired"]) == {"standard", "lowrank/rank=32"}
+    assert r["dlr/rank=32"]["paired"]["lowrank/rank=32"]["diff_nats"] == pytest.approx([-0.10, -0.07, 0.01])
+    assert r["dlr/rank=32"]["paired"]["lowrank/rank=32"]["wins"] == 2
+    # routing: per-seed statistics of the deepest sublayer, averaged over seeds; weights averaged per source
+    delta = r["delta/res_blocks=0"]["routing"]
+    assert delta["deepest"] == "L1.mlp"
+    assert delta["deep_max_weight"] == pytest.approx(np.mean([x["L1.mlp"]["max_weight"] for x in routings["delta/res_blocks=0"]]))
+    assert delta["weights"]["L1.mlp"] == pytest.approx(np.mean([x["L1.mlp"]["weights"] for x in routings["delta/res_blocks=0"]], axis=0))
+    assert delta["mean_js"] is None
+    rd = r["rd/res_blocks=0"]["routing"]
+    assert rd["mean_js"] == pytest.approx(np.mean([np.mean([v["js_qk_v"] for v in x.values() if "js_qk_v" in v])
+                                                   for x in routings["rd/res_blocks=0"]]))
+    # files: the table, the pictures, and a README-ready copy whose links point into docs/compare
+    out = tmp_path / "compare"
+    for f in ("results.md", "results.json", "val_loss.png", "max_weight_by_depth.png",
+              "routing_delta_res_blocks0.png", "routing_rd_res_blocks0.png"):
+        assert (out / f).stat().st_size > 0
+    md = (out / "results.md").read_text()
+    assert "| delta/res_blocks=0 | standard | 1.8800 ± 0.0436 | -0.0200 ± 0.0300 |" in md
+    assert "| dlr/rank=32 | lowrank/rank=32 |  | -0.0533 ± 0.0569 |" in md
+    published = (tmp_path / "docs" / "compare" / "results.md").read_text()
+    assert f"]({(tmp_path / 'docs' / 'compare').as_posix()}/val_loss.png)" in published
+    assert (tmp_path / "docs" / "compare" / "routing_rd_res_blocks0.png").exists()
+
+
+def test_partial_grid_reports_what_exists(tmp_path):
+    runs = tmp_path / "runs"
+    write_log(runs / "standard" / "seed0", [3.0, 2.0])
+    write_log(runs / "standard" / "seed1", [3.0, 2.2])
+    write_log(runs / "attnres/res_blocks=0" / "seed0", [3.0, 1.9], routing_of("attnres"))
+    names = ["standard", "attnres/res_blocks=0"]
+    r = compare.aggregate(compare.load_records(runs, names, [0, 1]), names)
+    assert r["attnres/res_blocks=0"]["paired"]["standard"]["seeds"] == [0]
+    assert r["attnres/res_blocks=0"]["paired"]["standard"]["diff_nats_std"] is None
+
+
+# -----------------------------------------------------------------------------
+# the paired protocol: same seed, same backbone, same batches
+
+@pytest.mark.parametrize("res_blocks", [0, 2])
+def test_same_seed_same_backbone(res_blocks):
+    """Every mode, built as train.py builds it (torch.manual_seed(seed); GPT(config)), starts from the
+    standard model's weights: the pseudo-queries are zeros and take no random numbers."""
+    def build(**kw):
+        torch.manual_seed(7)
+        return GPT(tiny_config(**kw)).state_dict()
+    ref = build()
+    for kw in (dict(residual="attnres"), dict(residual="delta"), dict(residual="rd")):
+        state = build(res_blocks=res_blocks, **kw)
+        backbone = {k: v for k, v in state.items() if "res_query" not in k}
+        assert backbone.keys() == ref.keys()
+        for k in ref:
+            assert torch.equal(backbone[k], ref[k]), k
+        assert all(torch.all(v == 0) for k, v in state.items() if "res_query" in k)
+    lowrank = [build(lowrank_rank=8, dlr=dlr) for dlr in (False, True)]  # DLR has no parameters of its own
+    assert lowrank[0].keys() == lowrank[1].keys()
+    assert all(torch.equal(lowrank[0][k], lowrank[1][k]) for k in lowrank[0])
+
+
+# -----------------------------------------------------------------------------
+# resuming a grid
+
+def test_finished_runs_are_not_rerun(tmp_path, capsys):
+    """A grid whose runs all have a `done` event trains nothing (train.py is not even started) and
+    only aggregates; a run that finished with other train.py arguments is an error, not a silent mix."""
+    runs = tmp_path / "compare" / "runs"
+    for name, seed in [("standard", 0), ("standard", 1), ("delta/res_blocks=0", 0), ("delta/res_blocks=0", 1)]:
+        write_log(runs / name / f"seed{seed}", [3.0, 2.0 - 0.1 * (name != "standard")],
+                  routing_of("delta") if name != "standard" else None)
+    before = {p: p.read_text() for p in runs.rglob("log.jsonl")}
+    results = compare.main([f"--out_dir={tmp_path}", "--seeds=2", "--runs=delta"])
+    assert "0 to train" in capsys.readouterr().out
+    assert {p: p.read_text() for p in runs.rglob("log.jsonl")} == before
+    assert not list(runs.rglob("train.log"))
+    assert results["runs"]["delta/res_blocks=0"]["paired"]["standard"]["wins"] == 2
+
+    (runs / "standard" / "seed0" / "train_args.json").write_text(json.dumps(["--max_iters=1"]) + "\n")
+    with pytest.raises(ValueError, match="finished with other train.py arguments"):
+        compare.main([f"--out_dir={tmp_path}", "--seeds=2", "--runs=delta"])
+
+
+# -----------------------------------------------------------------------------
+# through train.py
+
+# one torch thread: a model this small gains nothing from two, and on a busy machine two threads that
+# wait for each other made each step ~100x slower (measured: 7 ms vs 730 ms)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--device=cpu",
+        "--log_interval=1", "--always_save_checkpoint=False", "--warmup_iters=2"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A tiny token dataset as prepare.py writes one: a train and a val shard of random tokens, and meta.json."""
+    from shards import write_meta, write_shard
+    data_dir = tmp_path_factory.mktemp("data") / "tiny"
+    rng = np.random.default_rng(0)
+    tokens = {"train": rng.integers(0, 64, 5000), "val": rng.integers(0, 64, 1000)}
+    for split, t in tokens.items():
+        write_shard(data_dir / f"tiny_{split}_000000.bin", t)
+    write_meta(data_dir, dict(tokenizer="bytes", vocab_size=64, train_tokens=5000, val_tokens=1000))
+    return data_dir
+
+
+def train_losses(tmp_path, dataset, *args):
+    out = tmp_path / "_".join(a.strip("-").replace("/", "") for a in args)
+    subprocess.run([sys.executable, str(ROOT / "train.py"), f"--dataset={dataset}", f"--out_dir={out}", *TINY, *args],
+                   check=True, capture_output=True, env={**os.environ, **ONE_THREAD})
+    return [e["loss"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if e["event"] == "train"]
+
+
+def test_same_seed_same_batches(tmp_path, dataset):
+    """train.py draws its training windows from the seed alone. With the learning rate at zero the model
+    never changes, so the logged train losses fingerprint the batches: attnres and rd (with zero pseudo-
+    queries rd computes attnres's function, SPEC 3, but it has other parameters and optimizer groups)
+    log the same loss at every iteration, while the loss changes from batch to batch."""
+    frozen = ["--seed=3", "--learning_rate=0.0", "--min_lr=0.0", "--max_iters=4", "--eval_interval=100", "--eval_iters=1"]
+    a = train_losses(tmp_path, dataset, "--residual=attnres", *frozen)
+    b = train_losses(tmp_path, dataset, "--residual=rd", *frozen)
+    assert len(a) == len(b) == 4
+    assert a == pytest.approx(b, abs=1e-6)
+    assert min(abs(x - y) for i, x in enumerate(a) for y in a[i + 1:]) > 2e-5  # each batch has a loss of its own
+
+
+def test_tiny_grid_end_to_end(tmp_path, dataset, capsys, monkeypatch):
+    """Two modes x two seeds through train.py: progress, results, pictures; then a rerun that retrains
+    only the one run left unfinished."""
+    for k, v in ONE_THREAD.items():
+        monkeypatch.setenv(k, v)  # inherited by the train.py processes
+    argv = [f"--out_dir={tmp_path}", "--runs=delta", "--seeds=2", f"--dataset={dataset}", *TINY,
+            "--max_iters=4", "--eval_interval=2", "--eval_iters=1"]
+    results = compare.main(argv)
+    out = capsys.readouterr().out
+    assert "expected time: ~" in out and "[4/4] delta/res_blocks=0 seed1: val loss" in out
+    r = results["runs"]
+    assert list(r) == ["standard", "delta/res_blocks=0"]
+    for name in r:
+        assert sorted(r[name]["val_loss"]) == [0, 1]
+    p = r["delta/res_blocks=0"]["paired"]["standard"]
+    assert p["diff_nats"] == pytest.approx([r["delta/res_blocks=0"]["val_loss"][s] - r["standard"]["val_loss"][s] for s in (0, 1)])
+    assert r["delta/res_blocks=0"]["routing"]["deepest"] == "L1.mlp"
+    compare_dir = tmp_path / "compare"
+    for f in ("results.md", "results.json", "val_loss.png", "max_weight_by_depth.png", "routing_delta_res_blocks0.png"):
+        assert (compare_dir / f).exists(), f
+    runs = compare_dir / "runs"
+    assert json.loads((runs / "standard" / "seed1" / "train_args.json").read_text())[:2] == ["--seed=1", "--residual=standard"]
+
+    # resume: seed 1 of delta lost its `done` line (as if killed); only it is trained again
+    log = runs / "delta/res_blocks=0" / "seed1" / "log.jsonl"
+    log.write_text("".join(l + "\n" for l in log.read_text().splitlines() if '"done"' not in l))
+    kept = {p: p.stat().st_mtime_ns for p in runs.rglob("log.jsonl") if p != log}
+    results2 = compare.main(argv)
+    out = capsys.readouterr().out
+    assert "3 done, 1 to train" in out and "[1/1] delta/res_blocks=0 seed1" in out and "timing probe" not in out
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
+    assert results2["runs"]["delta/res_blocks=0"]["val_loss"] == pytest.approx(r["delta/res_blocks=0"]["val_loss"])
