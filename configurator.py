@@ -1,0 +1,89 @@
+"""
+nanoGPT-style configuration: a script's defaults, then config files, then --key=value.
+
+    python train.py config/train_shakespeare_char.py --batch_size=32 --compile=False
+
+Arguments apply left to right. A config file is Python that assigns some of the keys; a
+--key=value override is parsed with ast.literal_eval (a string key takes the text as it is).
+Every value must have its default's type (an int is fine where a float is expected). An unknown
+key or a bad value is a one-line error and exit status 2; --help lists every key.
+"""
+
+import ast
+import re
+import sys
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def checked(key, value, defaults, where):
+    """value, if key is known and value has the default's type; else exit with a one-line error."""
+    if key not in defaults:
+        fail(f"unknown config key {key!r}{where} (see --help)")
+    default = defaults[key]
+    if isinstance(default, float) and type(value) is int:
+        value = float(value)
+    if type(value) is not type(default):
+        kind = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}[type(default)]
+        fail(f"{key}={value!r}{where} should be {kind}, like its default {default!r}")
+    return value
+
+
+def parse_value(key, text, defaults):
+    if key not in defaults:
+        fail(f"unknown config key {key!r} (see --help)")
+    if isinstance(defaults[key], str):
+        return text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        fail(f"cannot read --{key}={text}: give a Python literal like its default {defaults[key]!r}")
+
+
+def help_text(defaults, script):
+    """Every key with its default and the comment on its line in the script."""
+    comments = {}
+    with open(script) as f:
+        for line in f:
+            m = re.match(r"(\w+) = .*?  # (.*)$", line.rstrip())
+            if m:
+                comments[m.group(1)] = m.group(2)
+    width = max(len(f"{k}={v!r}") for k, v in defaults.items())
+    lines = [f"usage: python {script.rsplit('/', 1)[-1]} [config/file.py ...] [--key=value ...]", "", "keys (default):"]
+    lines += [f"  {f'{k}={v!r}':<{width}}  {comments.get(k, '')}".rstrip() for k, v in defaults.items()]
+    return "\n".join(lines)
+
+
+def configure(defaults, argv, script):
+    """Apply config files and --key=value overrides in argv to a copy of defaults.
+    Returns (config, explicit): the final values, and the set of keys a file or override set."""
+    config, explicit = dict(defaults), set()
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(help_text(defaults, script))
+            sys.exit(0)
+        if not arg.startswith("--"):  # a config file
+            try:
+                with open(arg) as f:
+                    source = f.read()
+            except OSError as e:
+                fail(f"cannot read config file {arg} ({e.strerror})")
+            namespace = {}
+            try:
+                exec(compile(source, arg, "exec"), namespace)
+            except Exception as e:
+                fail(f"config file {arg} does not run: {type(e).__name__}: {e}")
+            for key, value in namespace.items():
+                if not key.startswith("_") and not callable(value) and type(value).__name__ != "module":
+                    config[key] = checked(key, value, defaults, f" in {arg}")
+                    explicit.add(key)
+        else:
+            key, eq, text = arg[2:].partition("=")
+            if not eq:
+                fail(f"expected --key=value, got {arg!r}")
+            config[key] = checked(key, parse_value(key, text, defaults), defaults, "")
+            explicit.add(key)
+    return config, explicit

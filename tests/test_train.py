@@ -1,0 +1,246 @@
+"""
+train.py's promises, as tests: every mode learns, resume is exact, two ranks equal one process,
+conversion keeps the function, bad inputs are one-line errors.
+
+Everything runs train.py as a command (that is its interface) on tiny models and synthetic shards,
+on the CPU with one thread per process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import configurator
+from checkpoint import save_checkpoint
+from model import GPT, GPTConfig
+from shards import write_meta, write_shard
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "train.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--eval_iters=2",
+        "--log_interval=1", "--device=cpu", "--dtype=float32", "--warmup_iters=2", "--learning_rate=1e-2",
+        "--min_lr=1e-3", "--lr_decay_iters=8", "--seed=7"]
+VOCAB = 64
+
+
+def make_dataset(data_dir, tokenizer="bytes", vocab=VOCAB):
+    """A random walk mod vocab (steps of 1, 2 or 3): the next token is one of three, easy to learn."""
+    rng = np.random.default_rng(0)
+    walk = lambda n: np.cumsum(rng.integers(1, 4, size=n)) % vocab
+    write_shard(data_dir / "syn_train_000000.bin", walk(20_000))
+    write_shard(data_dir / "syn_val_000000.bin", walk(4_000))
+    write_meta(data_dir, dict(tokenizer=tokenizer, vocab_size=vocab, train_tokens=20_000, val_tokens=4_000,
+                              source="synthetic"))
+    return data_dir
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("syn"))
+
+
+def train(*args, cwd, command=(sys.executable, str(TRAIN)), ok=True, env=None):
+    result = subprocess.run([*command, *map(str, args)], cwd=cwd, env={**ENV, **(env or {})}, capture_output=True,
+                            text=True, timeout=300)
+    if ok:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def events(out_dir, kind):
+    lines = (Path(out_dir) / "log.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def losses(out_dir):
+    """{iter: training loss} from log.jsonl."""
+    return {e["iter"]: e["loss"] for e in events(out_dir, "train")}
+
+
+def standard_checkpoint(path, data_dir):
+    """A standard-mode checkpoint whose residual stream is as large as GPT-2's (std ~1, not a fresh
+    init's 0.02), so that LayerNorm's eps is negligible and converting it is exact (README,
+    "Exact equivalences" 1). Only the position embedding is scaled: the token embedding is the head."""
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(config)
+    with torch.no_grad():
+        model.transformer.wpe.weight.mul_(50)
+    save_checkpoint(dict(model=model.state_dict(), model_args=asdict(config), iter_num=0, best_val_loss=0.0,
+                         dataset_meta=json.loads((data_dir / "meta.json").read_text())), path)
+    return path
+
+
+# -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("residual", ["standard", "attnres", "delta", "rd"])
+@pytest.mark.parametrize("linears", ["dense", "dlr"])
+def test_every_mode_lowers_the_loss(residual, linears, data, tmp_path):
+    extra = ["--lowrank_rank=16", "--dlr=True", "--res_blocks=2"] if linears == "dlr" else []
+    train(*TINY, *extra, f"--dataset={data}", f"--out_dir={tmp_path}", f"--residual={residual}",
+          "--max_iters=6", "--eval_interval=6", cwd=tmp_path)
+    evals = events(tmp_path, "eval")
+    assert [e["iter"] for e in evals] == [0, 6]
+    assert evals[1]["val_loss"] < evals[0]["val_loss"] - 0.1
+    train_line = events(tmp_path, "train")[0]
+    assert set(train_line) == {"event", "iter", "loss", "lr", "ms_per_iter", "tokens_per_s", "mfu"}
+    if residual == "standard":
+        assert "routing" not in evals[0]
+    else:
+        assert {"deep_max_weight", "mean_entropy"} <= set(evals[1]["routing_summary"])
+        assert all("weights" in r for r in evals[1]["routing"].values())
+        assert ("mean_js" in evals[1]["routing_summary"]) == (residual == "rd")
+    done = events(tmp_path, "done")[0]
+    assert done["ckpt"] == str(tmp_path / "ckpt.pt") and done["iter"] == 6
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert ckpt["iter_num"] == 6 and ckpt["model_args"]["residual"] == residual
+    assert ckpt["dataset_meta"]["tokenizer"] == "bytes" and ckpt["config"]["batch_size"] == 8
+
+
+def test_same_seed_same_backbone_and_batches_in_every_mode(data, tmp_path):
+    """The paired protocol: a seed fixes the backbone's initial weights and the training windows,
+    whatever the residual mode. With learning_rate=0 the iter-1 checkpoint holds the initial weights."""
+    ckpts = {}
+    for residual in ("standard", "rd"):
+        out = tmp_path / residual
+        train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--residual={residual}", "--max_iters=1",
+              "--eval_interval=1", "--learning_rate=0", "--min_lr=0", cwd=tmp_path)
+        ckpts[residual] = torch.load(out / "ckpt.pt", weights_only=False)
+    standard, rd = ckpts["standard"], ckpts["rd"]
+    assert all(torch.equal(v, rd["model"][k]) for k, v in standard["model"].items())
+    assert set(rd["model"]) - set(standard["model"]) == {k for k in rd["model"] if "res_query" in k}
+    assert standard["data_rng"] == rd["data_rng"]
+
+
+def test_resume_is_exact(data, tmp_path):
+    """8 iterations straight == 4 + resume + 4, bit for bit (dropout on, so the RNG state counts too)."""
+    common = [*TINY, f"--dataset={data}", "--dropout=0.1", "--residual=delta", "--eval_interval=4"]
+    train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=8", cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=4", cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=8", "--init_from=resume", cwd=tmp_path)
+    straight, halves = losses(tmp_path / "straight"), losses(tmp_path / "halves")
+    assert list(halves) == list(range(8))  # the resumed log continues the first half's, without repeats
+    assert halves == straight  # exactly equal floats
+    assert [e["val_loss"] for e in events(tmp_path / "halves", "eval")] == \
+           [e["val_loss"] for e in events(tmp_path / "straight", "eval")]
+    assert len(events(tmp_path / "halves", "done")) == 1
+
+
+def test_torchrun_two_ranks_match_one_process(data, tmp_path):
+    """gradient_accumulation_steps counts micro-batches over all ranks (nanoGPT's convention), and
+    every iteration's windows come from one generator, rank r taking micro-batches r, r+2, ...: so
+    2 ranks x 2 micro-steps see exactly the batches of 1 process x 4 micro-steps. Only the order of
+    the float32 sums differs (gloo's all-reduce, the per-rank loss scaling), a relative 1e-7 per
+    step; Adam carries it over a few steps to ~1e-6. Tolerance: 1e-5 relative."""
+    common = [*TINY, f"--dataset={data}", "--residual=delta", "--max_iters=5", "--eval_interval=5",
+              "--gradient_accumulation_steps=4"]
+    train(*common, f"--out_dir={tmp_path / 'one'}", cwd=tmp_path)
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN))
+    train(*common, f"--out_dir={tmp_path / 'two'}", command=torchrun, cwd=tmp_path)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(one) == list(two) == list(range(5))
+    for it in one:  # observed: equal, or 7e-8 apart
+        assert two[it] == pytest.approx(one[it], rel=1e-5)
+    val = [events(tmp_path / d, "eval")[-1]["val_loss"] for d in ("one", "two")]
+    assert val[1] == pytest.approx(val[0], rel=1e-5)
+
+
+def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
+    """init_from=<a standard checkpoint> in every routed mode: the step-0 val loss is the source's."""
+    source = standard_checkpoint(tmp_path / "source.pt", data)
+    val = {}
+    for mode in ("standard", "delta", "attnres/res_blocks=2", "rd"):
+        residual, _, blocks = mode.partition("/res_blocks=")
+        out = tmp_path / mode.replace("/", "_")
+        result = train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", f"--residual={residual}",
+                       f"--res_blocks={blocks or 0}", "--max_iters=0", cwd=tmp_path)
+        val[mode] = events(out, "eval")[0]["val_loss"]
+        ckpt = torch.load(out / "ckpt.pt", weights_only=False)  # the converted model is saved
+        assert ckpt["model_args"]["residual"] == residual and ckpt["iter_num"] == 0
+        if residual != "standard":
+            assert "pseudo-queries start at zero" in result.stdout
+    for mode in val:
+        assert val[mode] == pytest.approx(val["standard"], abs=1e-5), val
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path):
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    result = train(*common, "--max_iters=6", "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0",
+                   cwd=tmp_path, ok=False)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: the loss is nan"), result.stderr
+    assert f"the last good checkpoint, {tmp_path / 'ckpt.pt'} at iter 2, is kept" in result.stderr
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+    assert events(tmp_path, "error")
+
+
+def bad_inputs(data, tmp_path):
+    """(arguments, what the one-line error says) for every kind of bad input."""
+    source = standard_checkpoint(tmp_path / "source.pt", data)
+    wrong_data = make_dataset(tmp_path / "gpt2data", tokenizer="gpt2", vocab=VOCAB)
+    return {  # more of the configurator's errors: test_configurator_errors
+        "unknown key": (["--learning_rat=1e-3"], "unknown config key 'learning_rat' (see --help)"),
+        "wrong type": (["--batch_size=1.5"], "batch_size=1.5 should be an integer"),
+        "bad value": (["--residual=sideways"], "GPTConfig.residual='sideways' is not allowed"),
+        "missing dataset": ([f"--dataset={tmp_path / 'nothing'}"], "no dataset at"),
+        "vocab mismatch": (["--vocab_size=32"], "does not fit the model's vocab_size=32"),
+        "tokenizer mismatch": ([f"--dataset={wrong_data}", f"--init_from={source}"], "trained on bytes tokens"),
+        "shape mismatch": ([f"--init_from={source}", "--n_embd=48", "--n_head=2"], "do not match"),
+        "no checkpoint to resume": (["--init_from=resume"], "no checkpoint at"),
+        "too short for block_size": (["--block_size=5000"], "hold no window of block_size + 1"),
+    }
+
+
+def test_bad_inputs_are_one_line_errors(data, tmp_path):
+    for name, (args, message) in bad_inputs(data, tmp_path).items():
+        result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", *args, cwd=tmp_path, ok=False)
+        assert result.returncode != 0, name
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), (name, result.stderr)
+        assert message in result.stderr, (name, result.stderr)
+
+
+def test_help_lists_every_key_and_the_config_files_are_valid(tmp_path):
+    configs = [REPO / "config" / f"{name}.py" for name in
+               ("train_shakespeare_char", "finetune_shakespeare_gpt2_delta", "train_gpt2_fineweb")]
+    result = train(*configs, "--help", cwd=REPO)  # the files are read and checked before --help prints
+    keys = ("out_dir", "dataset", "batch_size", "block_size", "gradient_accumulation_steps", "learning_rate",
+            "min_lr", "warmup_iters", "lr_decay_iters", "max_iters", "weight_decay", "beta1", "beta2",
+            "grad_clip", "eval_interval", "eval_iters", "log_interval", "init_from", "device", "dtype",
+            "compile", "seed", "res_query_lr_mult") + tuple(f.name for f in GPTConfig.__dataclass_fields__.values())
+    listed = {line.split("=")[0].strip() for line in result.stdout.splitlines() if line.startswith("  ")}
+    assert set(keys) <= listed
+    assert "learning-rate multiplier of the routing pseudo-queries" in result.stdout
+
+
+def test_configurator_errors(tmp_path, capsys):
+    """Config files and overrides are checked against the defaults' types, each error one line, exit 2."""
+    defaults = dict(batch_size=12, learning_rate=1e-3, compile=False, dataset="pydocs")
+    config_file = tmp_path / "my_config.py"
+    config_file.write_text("import math\nbatch_size = 4\nlearning_rate = math.sqrt(1e-6)\n")
+    config, explicit = configurator.configure(defaults, [str(config_file), "--compile=True", "--learning_rate=3"], "train.py")
+    assert config == dict(batch_size=4, learning_rate=3.0, compile=True, dataset="pydocs")
+    assert explicit == {"batch_size", "learning_rate", "compile"}
+    assert configurator.configure(defaults, ["--dataset=a/b c"], "train.py")[0]["dataset"] == "a/b c"  # strings as typed
+    config_file.write_text("batch_size = 4\nlearning_rat = 1e-3\n")
+    cases = {
+        str(config_file): f"unknown config key 'learning_rat' in {config_file} (see --help)",
+        "--compile=1": "compile=1 should be True or False",
+        "--learning_rate=fast": "cannot read --learning_rate=fast",
+        "--batch_size": "expected --key=value, got '--batch_size'",
+        str(tmp_path / "missing.py"): "cannot read config file",
+    }
+    for arg, message in cases.items():
+        with pytest.raises(SystemExit) as exit_:
+            configurator.configure(defaults, [arg], "train.py")
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err

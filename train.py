@@ -1,0 +1,510 @@
+"""
+Train a GPT with any residual mode, on one CPU or on many GPUs.
+
+    python train.py                                         # a small delta model on pydocs, minutes on a CPU
+    python train.py config/train_shakespeare_char.py --residual=attnres
+    torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_fineweb.py
+    python train.py --help                                  # every key, its default, what it does
+
+Reads the shards of data/<dataset>/ (prepare.py), writes out_dir/ckpt.pt and out_dir/log.jsonl.
+Started by torchrun it trains with DDP (NCCL on GPUs, gloo on CPUs), on any number of nodes.
+"""
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import configurator
+from checkpoint import GPT2_CONFIGS, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
+from download import DownloadError
+from model import GPT, GPTConfig, routing_summary
+from prepare import DATA_ROOT, DATASETS, prepare
+from shards import ShardError, find_shards, load_meta, read_shard
+
+# -----------------------------------------------------------------------------
+# default config values: the default run, a small delta model on pydocs (offline) in a few minutes on a CPU
+# I/O
+out_dir = "out"  # ckpt.pt and log.jsonl go here
+eval_interval = 500  # evaluate and checkpoint every this many iterations, and at the end
+log_interval = 10  # a progress line every this many iterations
+eval_iters = 20  # batches per evaluation, always the same windows
+eval_only = False  # evaluate once, then exit
+always_save_checkpoint = True  # False: save only when the val loss improves
+init_from = "scratch"  # scratch | resume | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | path/to/ckpt.pt
+cache_dir = "cache"  # where downloaded GPT-2 weights are kept
+# data
+dataset = "pydocs"  # a folder of data/ made by prepare.py, or a path to one
+gradient_accumulation_steps = 1  # micro-batches per iteration, all ranks together
+batch_size = 16  # sequences per micro-batch
+block_size = 128  # context length
+# model: every GPTConfig field (with init_from a checkpoint or gpt2, the ones you set override its own)
+n_layer = 4  # transformer layers (2 sublayers each)
+n_head = 4  # attention heads
+n_embd = 128  # model width
+dropout = 0.0  # dropout probability
+bias = True  # biases in Linears and LayerNorms, like GPT-2
+vocab_size = 0  # 0: the dataset's vocabulary, rounded up to a multiple of 64
+residual = "delta"  # standard | attnres | delta | rd
+res_blocks = 0  # routing blocks: 0 = per sublayer, else a divisor of 2 * n_layer
+lowrank_rank = 0  # 0 = dense linears, r > 0 = low-rank W = B A of rank r
+lowrank_act = "silu"  # activation between A and B: silu | identity
+dlr = False  # Duplicated Latent Residual on every low-rank linear
+dlr_alpha = 1.0  # DLR scale
+# AdamW
+learning_rate = 1e-3  # peak learning rate
+max_iters = 2000  # training iterations
+weight_decay = 0.1  # on matrices only
+beta1 = 0.9  # AdamW beta1
+beta2 = 0.99  # AdamW beta2
+grad_clip = 1.0  # clip the gradient norm at this value, 0 = off
+res_query_lr_mult = 1.0  # learning-rate multiplier of the routing pseudo-queries
+# learning rate schedule
+decay_lr = True  # False: a constant learning_rate
+warmup_iters = 100  # linear warmup iterations
+lr_decay_iters = 2000  # cosine decay ends here, ~= max_iters per Chinchilla
+min_lr = 1e-4  # the learning rate after decay, ~= learning_rate / 10 per Chinchilla
+# system
+device = "auto"  # auto (cuda, mps, then cpu) | cpu | cuda | cuda:1 | mps
+dtype = "auto"  # auto | float32 | bfloat16 | float16 (cuda only)
+compile = False  # torch.compile the model
+seed = 1337  # model init and training windows; same seed = same backbone in every residual mode
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))]
+config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
+globals().update(config)  # config files and --key=value overrides
+# -----------------------------------------------------------------------------
+
+
+def die(message):
+    """An expected failure: one line on stderr, no traceback."""
+    prefix = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
+    print(f"{prefix}error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+# distributed: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
+ddp = "RANK" in os.environ
+rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
+master = rank == 0  # only rank 0 prints, logs and saves
+if device == "auto":
+    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+if ddp and device.startswith("cuda"):
+    device = f"cuda:{local_rank}"
+device_type = device.split(":")[0]
+if device_type not in ("cpu", "cuda", "mps"):
+    die(f"device={device!r} is not allowed: use auto, cpu, cuda, cuda:N or mps")
+if device_type == "cuda":
+    torch.cuda.set_device(device)
+if ddp:
+    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+if dtype == "auto":
+    # CPU: float32. At the default model's size bfloat16 autocast costs more in casts than AMX saves:
+    # on a 2-core Xeon with AMX, 4 layers x 128 wide, 16 x 128 tokens, one thread, an iteration takes
+    # 159 ms in float32 and 175 ms in bfloat16. From ~256 wide bfloat16 wins (bench.py: 1.5x at
+    # 8 x 256), so pass dtype=bfloat16 for larger CPU models. GPUs: bfloat16, else float16.
+    dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
+if dtype not in ("float32", "bfloat16", "float16"):
+    die(f"dtype={dtype!r} is not allowed: use auto, float32, bfloat16 or float16")
+if dtype == "float16" and device_type != "cuda":
+    die(f"dtype=float16 needs a gradient scaler, which is CUDA only: use bfloat16 or float32 on {device_type}")
+if gradient_accumulation_steps % world_size:
+    die(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the {world_size} ranks")
+for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps"):
+    if config[key] <= 0:
+        die(f"{key}={config[key]} must be positive")
+config.update(device=device, dtype=dtype)  # what this run used, saved with the checkpoint
+micro_steps = gradient_accumulation_steps // world_size  # this rank's micro-batches per iteration
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+if device_type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls on tensor cores
+    torch.backends.cudnn.allow_tf32 = True
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+out_dir = Path(out_dir)
+ckpt_path, log_path = out_dir / "ckpt.pt", out_dir / "log.jsonl"
+if master:
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+# -----------------------------------------------------------------------------
+# data: data/<dataset>/*_{train,val}_*.bin and meta.json, from prepare.py
+
+data_dir = Path(dataset) if "/" in dataset else DATA_ROOT / dataset
+if dataset == "pydocs" and not (data_dir / "meta.json").exists():  # a fresh machine trains with no extra step
+    if master:
+        try:
+            prepare("pydocs")
+        except ValueError as e:
+            die(e)
+    if ddp:
+        dist.barrier()
+if not (data_dir / "meta.json").exists():
+    how = f"python prepare.py {dataset}" if dataset in DATASETS else f"python prepare.py <name> --out {data_dir}"
+    die(f"no dataset at {data_dir} (no meta.json): prepare it first with `{how}` (see python prepare.py --help)")
+try:
+    meta = load_meta(data_dir)
+    data = {split: [read_shard(p) for p in find_shards(data_dir, split)] for split in ("train", "val")}
+except ShardError as e:
+    die(e)
+for split, shards in data.items():
+    # a window is block_size + 1 tokens (inputs, and targets shifted by one); shorter shards hold none
+    data[split] = [s for s in shards if len(s) > block_size]
+    if not data[split]:
+        die(f"the {split} shards of {data_dir} hold no window of block_size + 1 = {block_size + 1} tokens: "
+            f"lower block_size or prepare more data")
+# window i of a split is window i - first[k] of its shard k; shard k holds len - block_size of them
+first = {split: np.cumsum([0] + [len(s) - block_size for s in shards]) for split, shards in data.items()}
+
+
+def get_batch(split, windows):
+    """x, y for the given window indices of a split (y is x shifted by one token)."""
+    shard = np.searchsorted(first[split], windows, side="right") - 1
+    rows = [data[split][k][i:i + block_size + 1] for k, i in zip(shard, windows - first[split][shard])]
+    xy = torch.from_numpy(np.stack(rows).astype(np.int64))
+    x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+    if device_type == "cuda":  # pinned memory lets the copy run asynchronously
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+# Training windows: each iteration draws all its gradient_accumulation_steps micro-batches from one
+# generator seeded by `seed`, and rank r takes micro-batches r, r + world_size, ... So the windows
+# depend on the seed only (not on the model, nor on the number of ranks: two ranks see what one
+# process with the same gradient_accumulation_steps sees), and every rank reads only its own.
+data_rng = np.random.default_rng(seed)
+
+
+def train_batches():
+    windows = data_rng.integers(0, first["train"][-1], size=(gradient_accumulation_steps, batch_size))
+    return [get_batch("train", w) for w in windows[rank::world_size]]
+
+
+# Evaluation windows: eval_iters batches spread evenly over each split, the same in every
+# evaluation, run and mode, so that losses compare.
+eval_windows = {split: np.linspace(0, first[split][-1] - 1, eval_iters * batch_size).astype(np.int64)
+                .reshape(eval_iters, batch_size) for split in data}
+
+# -----------------------------------------------------------------------------
+# model: from scratch, resumed, or converted from a checkpoint or GPT-2 into the configured mode
+
+model_keys = [f.name for f in fields(GPTConfig)]
+set_model_keys = {k: config[k] for k in model_keys if k in explicit and not (k == "vocab_size" and vocab_size == 0)}
+iter_num, best_val_loss, ckpt, state = 0, float("inf"), None, None
+source_tokenizer = None  # the tokenizer the source checkpoint was trained with
+if init_from == "scratch":
+    model_args = {k: config[k] for k in model_keys}
+    if vocab_size == 0:
+        model_args["vocab_size"] = -(-meta["vocab_size"] // 64) * 64  # a multiple of 64 is faster
+elif init_from == "resume":
+    try:
+        ckpt = load_checkpoint(ckpt_path, map_location=device)
+    except (FileNotFoundError, ValueError) as e:
+        die(e)
+    lacking = [k for k in ("optimizer", "iter_num", "rng", "data_rng", "log_bytes") if k not in ckpt]
+    if lacking:
+        die(f"{ckpt_path} cannot be resumed (it has no {', '.join(lacking)}; train.py did not write it): "
+            f"start from it with --init_from={ckpt_path} and another out_dir")
+    model_args, state = ckpt["model_args"], ckpt["model"]
+    for k, v in set_model_keys.items():
+        if v != model_args[k] and k != "dropout":
+            die(f"init_from=resume continues the run in {out_dir} as it was, but {k}={v!r} differs from its "
+                f"{model_args[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
+    model_args = {**model_args, **set_model_keys}
+    iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
+    source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
+else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (SPEC equivalence 2)
+    try:
+        if init_from in GPT2_CONFIGS:
+            source_args, state = load_gpt2(init_from, cache_dir)
+            source_tokenizer = "gpt2"
+        else:
+            if not Path(init_from).is_file():
+                die(f"init_from={init_from!r}: use scratch, resume, {', '.join(GPT2_CONFIGS)}, or the path of a checkpoint")
+            if Path(init_from).resolve() == ckpt_path.resolve():
+                die(f"init_from={init_from} is the checkpoint this run writes: choose another out_dir, or init_from=resume")
+            ckpt = load_checkpoint(init_from, map_location=device)
+            source_args, state = ckpt["model_args"], ckpt["model"]
+            source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
+    except (FileNotFoundError, ValueError, DownloadError) as e:
+        die(e)
+    if block_size > source_args["block_size"]:
+        die(f"block_size={block_size} is longer than the context of {init_from}, {source_args['block_size']}: lower it")
+    # the model trains with this run's block_size: a longer context is cropped to its first positions,
+    # like nanoGPT's crop_block_size
+    model_args = {**source_args, **set_model_keys, "block_size": block_size}
+    state = {**state, "transformer.wpe.weight": state["transformer.wpe.weight"][:block_size]}
+if model_args["block_size"] != block_size:
+    die(f"block_size={block_size} differs from the checkpoint's {model_args['block_size']}: set --block_size={model_args['block_size']}")
+if meta["vocab_size"] > model_args["vocab_size"]:
+    die(f"the data's vocabulary ({meta['tokenizer']} tokens, vocab_size {meta['vocab_size']}) does not fit the model's "
+        f"vocab_size={model_args['vocab_size']}: use vocab_size=0 (from the data) or another dataset")
+if source_tokenizer and source_tokenizer != meta["tokenizer"]:
+    die(f"{init_from} was trained on {source_tokenizer} tokens but {data_dir} holds {meta['tokenizer']} tokens: "
+        f"prepare the data with --tokenizer {source_tokenizer}")
+
+try:
+    torch.manual_seed(seed)  # right before building: the same seed gives the same backbone in every mode
+    raw_model = GPT(GPTConfig.from_dict(model_args))  # pseudo-queries start at zero and draw no random numbers
+    if state is not None:
+        missing, _ = load_state_into(raw_model, state)  # a missing pseudo-query stays zero: the same function
+        if missing and master:
+            print(f"converted {init_from} into {raw_model.config.residual}: {len(missing)} pseudo-queries start at zero")
+except ValueError as e:  # a bad model key, or a checkpoint of another shape
+    die(e)
+torch.manual_seed(seed + 1 + rank)  # dropout draws from its own stream, one per rank
+raw_model.to(device)
+optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, res_query_lr_mult)
+scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+if init_from == "resume":
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except ValueError as e:
+        die(f"the optimizer state in {ckpt_path} does not fit the model ({e})")
+    if ckpt.get("scaler"):  # empty when the run was not float16
+        scaler.load_state_dict(ckpt["scaler"])
+    data_rng.bit_generator.state = ckpt["data_rng"]
+    if len(ckpt["rng"]) == world_size:
+        torch.set_rng_state(ckpt["rng"][rank]["torch"].cpu())
+        random.setstate(ckpt["rng"][rank]["python"])
+        if device_type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
+            torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"].cpu())
+    elif master:
+        print(f"note: the checkpoint was written by {len(ckpt['rng'])} ranks, this run has {world_size}: "
+              "the training windows continue exactly, the dropout streams start afresh")
+ckpt = state = None  # free the memory
+start_iter = iter_num
+model = torch.compile(raw_model) if compile else raw_model
+# the model's buffers (DLR's fixed matrices) are constants: nothing to broadcast
+train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False) if ddp else model
+
+
+def peak_flops():
+    """MFU's denominator, per device. CUDA: the chip's bf16 dense peak from its datasheet. CPU and
+    MPS have no such number, so MFU there is measured against what a 512 x 512 matmul reaches in the
+    training dtype (~0.2 s at startup): the fraction of the machine's practical matmul speed. On a
+    CPU it is timed on one thread and multiplied by torch's thread count: a multi-threaded timing
+    collapses whenever another process holds a core (measured: 20x), one thread only loses its share."""
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name()
+        for chip, flops in (("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L4", 121e12), ("A10", 125e12)):
+            if chip in name:
+                return flops
+        return 312e12  # unknown GPU: an A100's
+    sync = torch.mps.synchronize if device_type == "mps" else (lambda: None)
+    threads = torch.get_num_threads()
+    if device_type == "cpu":
+        torch.set_num_threads(1)
+    g = torch.Generator(device=device).manual_seed(0)  # its own generator: the dropout stream stays untouched
+    a, b = (torch.randn(512, 512, generator=g, device=device, dtype=ptdtype) for _ in range(2))
+    best = 0.0
+    for _ in range(5):  # the best of five 40 ms windows
+        a @ b
+        sync()
+        reps, t0 = 0, time.time()
+        while time.time() - t0 < 0.04:
+            a @ b
+            sync()
+            reps += 1
+        best = max(best, 2 * 512 ** 3 * reps / (time.time() - t0))
+    if device_type == "cpu":
+        torch.set_num_threads(threads)
+        best *= threads
+    return best
+
+
+def get_lr(it):
+    """Linear warmup (learning_rate / (warmup_iters + 1) at step 0, never 0), then cosine down to min_lr."""
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss over the fixed evaluation windows of each split; the ranks share the batches."""
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        total = torch.zeros(2, device=device)  # sum of batch losses, number of batches
+        for windows in eval_windows[split][rank::world_size]:
+            with ctx:
+                _, loss = model(*get_batch(split, windows))
+            total += torch.stack([loss.float(), torch.ones((), device=device)])
+        if ddp:
+            dist.all_reduce(total)
+        out[split] = (total[0] / total[1]).item()
+    model.train()
+    return out
+
+
+@torch.no_grad()
+def routing():
+    """model.last_routing on the first val batch: per route its depth weights, max weight, entropy."""
+    if raw_model.config.residual == "standard":
+        return None
+    raw_model.eval()
+    with ctx:
+        raw_model(*get_batch("val", eval_windows["val"][0]), collect_routing=True)
+    raw_model.train()
+    return raw_model.last_routing
+
+
+def log_event(**record):
+    """Append one JSON line to out_dir/log.jsonl (rank 0)."""
+    if master:
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+if master:
+    n_params = raw_model.get_num_params() / 1e6
+    print(f"data: {data_dir}, {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
+          f"({meta['tokenizer']}, vocab {meta['vocab_size']})")
+    print(f"model: {raw_model.config.residual}, {raw_model.config.n_layer} layers, {raw_model.config.n_embd} wide, "
+          f"{n_params:.2f}M parameters, from {init_from}" + (f" at iter {iter_num}" if init_from == "resume" else ""))
+    print(f"training on {device} in {dtype}, {world_size} process(es): {gradient_accumulation_steps} x {batch_size} "
+          f"x {block_size} = {tokens_per_iter:,} tokens per iteration, {max_iters} iterations")
+
+# log.jsonl: a new run starts it afresh; a resumed one drops what was logged after its checkpoint
+if master:
+    if init_from == "resume" and log_path.exists():
+        with open(log_path, "r+") as f:
+            f.truncate(log_bytes)
+    elif init_from != "resume":
+        log_path.unlink(missing_ok=True)
+
+# -----------------------------------------------------------------------------
+# training loop
+
+peak = peak_flops() * world_size
+t_start = t_last = time.time()
+iters_since_log, val_loss, first_val = 0, None, None
+saved_iter = iter_num if init_from == "resume" else None  # the iteration of the checkpoint in out_dir, if ours
+while True:
+
+    # evaluate, log the routing, checkpoint
+    if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
+        log_bytes = log_path.stat().st_size if master and log_path.exists() else 0  # the log as of this checkpoint
+        losses = estimate_loss()
+        val_loss = losses["val"]
+        first_val = val_loss if first_val is None else first_val
+        record = dict(event="eval", iter=iter_num, train_loss=losses["train"], val_loss=val_loss)
+        line = f"step {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
+        stats = routing() if master else None
+        if stats:
+            summary = routing_summary(stats)
+            record.update(routing_summary=summary, routing=stats)
+            line += f" | routing: deepest max weight {summary['deep_max_weight']:.3f}, mean entropy {summary['mean_entropy']:.3f}"
+            line += f", mean js {summary['mean_js']:.4f}" if "mean_js" in summary else ""
+        if master:
+            print(line)
+        log_event(**record)
+        improved, best_val_loss = val_loss < best_val_loss, min(best_val_loss, val_loss)
+        # save what is new: any iteration after the start, or a converted model at its start
+        is_new = iter_num > start_iter or init_from not in ("scratch", "resume")
+        if (improved or always_save_checkpoint) and is_new and not eval_only:
+            rng = dict(torch=torch.get_rng_state(), python=random.getstate(),
+                       cuda=torch.cuda.get_rng_state() if device_type == "cuda" else None)
+            rngs = [None] * world_size
+            if ddp:
+                dist.all_gather_object(rngs, rng)  # every rank's dropout stream
+            else:
+                rngs = [rng]
+            if master:
+                save_checkpoint({
+                    "model": raw_model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "model_args": asdict(raw_model.config),
+                    "iter_num": iter_num,
+                    "best_val_loss": best_val_loss,
+                    "config": config,
+                    "dataset_meta": meta,
+                    "rng": rngs,  # per rank: torch (dropout), python, cuda
+                    "data_rng": data_rng.bit_generator.state,  # the data position: the next windows to draw
+                    "log_bytes": log_bytes,
+                }, ckpt_path)
+                print(f"saved {ckpt_path}")
+            saved_iter = iter_num
+        t_last, iters_since_log = time.time(), 0  # evaluation time is not training time
+    if iter_num >= max_iters or eval_only:
+        break
+
+    # one iteration: gradient_accumulation_steps micro-batches over all ranks, one optimizer step
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_mult"]
+    loss_sum = torch.zeros((), device=device)
+    batches = train_batches()
+    for micro_step, (x, y) in enumerate(batches):
+        if ddp:  # the gradients are all-reduced in the last micro step's backward only
+            train_model.require_backward_grad_sync = micro_step == micro_steps - 1
+        with ctx:
+            _, loss = train_model(x, y)
+            loss = loss / micro_steps
+        loss_sum += loss.detach()
+        scaler.scale(loss).backward()
+    if ddp:  # the iteration's loss: the mean over every rank's micro-batches
+        dist.all_reduce(loss_sum)
+        loss_sum /= world_size
+    lossf = loss_sum.item()
+    if not math.isfinite(lossf):
+        kept = f"the last good checkpoint, {ckpt_path} at iter {saved_iter}, is kept" if saved_iter is not None \
+            else "no checkpoint was saved"
+        log_event(event="error", iter=iter_num, message=f"loss is {lossf}")
+        die(f"the loss is {lossf} at iter {iter_num}, stopping; {kept}. Lower learning_rate, or check the data")
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+    # log: time per iteration averaged since the last line
+    iters_since_log += 1
+    if iter_num % log_interval == 0:
+        dt = (time.time() - t_last) / iters_since_log
+        mfu = raw_model.estimate_mfu(gradient_accumulation_steps * batch_size, dt, peak)
+        if master:
+            print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms, "
+                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {mfu * 100:.2f}%")
+        log_event(event="train", iter=iter_num, loss=lossf, lr=lr, ms_per_iter=dt * 1000,
+                  tokens_per_s=tokens_per_iter / dt, mfu=mfu)
+        t_last, iters_since_log = time.time(), 0
+    iter_num += 1
+
+# -----------------------------------------------------------------------------
+elapsed = time.time() - t_start
+done_ckpt = str(ckpt_path) if ckpt_path.exists() else None
+log_event(event="done", iter=iter_num, val_loss=val_loss, best_val_loss=best_val_loss, ckpt=done_ckpt, elapsed_s=elapsed)
+if master:
+    trained = iter_num - start_iter
+    took = f"{elapsed:.0f} s" if elapsed < 100 else f"{elapsed / 60:.1f} min"
+    print(f"\ndone: {trained} iterations in {took}"
+          + (f" ({trained * tokens_per_iter / elapsed:,.0f} tokens/s overall)" if trained else ""))
+    print(f"val loss {val_loss:.4f} (best {best_val_loss:.4f}; {first_val:.4f} at iter {start_iter})")
+    if stats:
+        deep = [s for n, s in stats.items() if n != "out" and not n.endswith(".v") and "max_weight" in s][-1]
+        print(f"routing: the deepest routed sublayer puts {deep['max_weight']:.2f} of its weight on one of its "
+              f"{deep['sources']} sources (uniform would be {1 / deep['sources']:.2f}); mean normalised entropy "
+              f"{summary['mean_entropy']:.2f} (1 = uniform)")
+    if done_ckpt:
+        print(f"checkpoint: {done_ckpt}")
+        print(f"sample from it: python sample.py --out_dir={out_dir}")
+if ddp:
+    dist.destroy_process_group()
