@@ -145,6 +145,7 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     desc = desc or dest.name
+    problem = None  # why the last attempt failed
     for attempt in range(retries + 1):
         if attempt:
             delay = backoff * 2 ** (attempt - 1)

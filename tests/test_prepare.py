@@ -22,22 +22,12 @@ from localserver import LocalServer
 from shards import ShardError, get_tokenizer, load_meta, read_shard
 
 SHAKESPEARE = REPO.parent / "shared/data/tinyshakespeare/input.txt"
-SHARED_TIKTOKEN = REPO.parent / "shared/tiktoken_cache"
 
 
 @pytest.fixture(autouse=True)
 def no_mirror_and_no_waiting(monkeypatch):
     monkeypatch.delenv(prepare.URL_ENV, raising=False)
     monkeypatch.setattr(prepare, "download", functools.partial(download, backoff=0))
-
-
-@pytest.fixture
-def gpt2_offline(monkeypatch):
-    """tiktoken's gpt2 files from a local cache; skip rather than touch the network."""
-    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-        if not SHARED_TIKTOKEN.is_dir():
-            pytest.skip("needs TIKTOKEN_CACHE_DIR (tiktoken's gpt2 files) to run offline")
-        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
 
 
 @pytest.fixture

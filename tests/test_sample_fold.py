@@ -27,7 +27,6 @@ from model import GPT, GPTConfig, LowRankLinear
 from shards import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_TIKTOKEN = REPO.parent / "shared/tiktoken_cache"
 TINY = dict(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 DLR = dict(lowrank_rank=8, dlr=True, dlr_alpha=1.3)
 
@@ -222,15 +221,6 @@ def test_stream_decoder_holds_back_incomplete_utf8():
     pieces = [decoder.push(b) for b in text.encode("utf-8")]
     assert pieces[1:3] == ["", "é"]  # 0xC3 alone is half a character
     assert "".join(pieces) + decoder.flush() == text and not any("\ufffd" in p for p in pieces)
-
-
-@pytest.fixture
-def gpt2_offline(monkeypatch):
-    """tiktoken's gpt2 files from a local cache; skip rather than touch the network."""
-    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-        if not SHARED_TIKTOKEN.is_dir():
-            pytest.skip("needs TIKTOKEN_CACHE_DIR (tiktoken's gpt2 files) to run offline")
-        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
 
 
 def test_stream_decoder_gpt2(gpt2_offline):

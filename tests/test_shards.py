@@ -1,6 +1,5 @@
 """The shard format (llm.c's .bin) and the tokenizers: what shards.py promises its readers."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -13,16 +12,6 @@ sys.path.insert(0, str(REPO))  # the scripts and helpers live at the repo root
 import shards
 from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard, write_meta, write_shard
 
-SHARED_TIKTOKEN = REPO.parent / "shared/tiktoken_cache"
-
-
-@pytest.fixture
-def gpt2_offline(monkeypatch):
-    """tiktoken's gpt2 files from a local cache; skip rather than touch the network."""
-    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-        if not SHARED_TIKTOKEN.is_dir():
-            pytest.skip("needs TIKTOKEN_CACHE_DIR (tiktoken's gpt2 files) to run offline")
-        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
 
 
 def test_round_trip_keeps_tokens_and_header(tmp_path):
