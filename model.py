@@ -268,7 +268,8 @@ class DepthSources:
       route are one [B, T, d] x [d, R] matmul, done once when the source is created and stored
       route-major ([R, B, T]), so a route reads one contiguous row instead of a pass over [B, T, d].
     - the mix is a running addcmul over the source list: nothing is stacked, so autograd keeps
-      each source once (memory O(depth), not O(depth^2) as a stack per sublayer would).
+      each source once (memory O(depth), not O(depth^2) as a stack per sublayer would). Without
+      autograd (decoding) there is no memory to save, and one stacked multiply-sum is fewer calls.
     """
 
     def __init__(self, e, queries, collect=False):
@@ -303,7 +304,7 @@ class DepthSources:
         a = torch.stack(logits).softmax(dim=0).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous
         if self.collect:
             self.weights[r] = a.detach().float().mean(dim=(1, 2, 3)).cpu()
-        if not torch.is_grad_enabled():  # inference (decoding): no autograd memory to save, so 3 ops beat 2m small ones
+        if not torch.is_grad_enabled():  # inference: 3 calls instead of 2m small ones
             return (torch.stack(values) * a).sum(dim=0)
         a = a.unbind(0)
         mix = values[0] * a[0]
@@ -405,7 +406,8 @@ class GPT(nn.Module):
         mode, L = self.config.residual, self.config.n_layer
         depth = None if mode == "standard" else DepthSources(e, self.route_queries(), collect_routing)
         per_block = self.config.sublayers_per_block
-        h = e  # the residual stream (standard, delta); attnres and rd keep none
+        replaces_stream = mode in ("attnres", "rd")  # no residual stream: every input, and the output, is a route
+        h = e  # the residual stream (standard, delta)
         for j in range(2 * L):
             block = self.transformer.h[j // 2]
             # the sublayer's input: the one place where the modes differ
@@ -420,14 +422,14 @@ class GPT(nn.Module):
                 out = block.attn_sublayer(x, x_v, None if cache is None else cache[j // 2])
             else:
                 out = block.mlp_sublayer(x)
-            if mode != "attnres" and mode != "rd":
+            if not replaces_stream:
                 h = h + out  # h_{j+1} = h_j + f_j(n_j(x_j))
             if depth is not None:
                 depth.add(out)  # p += out_j
                 if (j + 1) % per_block == 0:
                     depth.end_block()  # p becomes b_k (attnres) or D_k (delta)
-        if mode in ("attnres", "rd"):
-            h = depth.route(len(self.route_names()) - 1)  # the output route over all completed sources
+        if replaces_stream:
+            h = depth.route(depth.queries.size(0) - 1)  # the output route (the last row) over all completed sources
         if depth is not None and collect_routing:
             self.last_routing = routing_stats(depth.weights, self.route_names(), mode)
         x = self.transformer.ln_f(h)
