@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import perturb_norms_and_biases
 from model import GPT, GPTConfig, LowRankLinear, ROUTING_RMS_EPS, routing_summary
 
 ROUTED = ("attnres", "delta", "rd")
@@ -36,13 +37,7 @@ def tiny_config(**overrides):
 def make_model(seed=0, exact=True, **overrides):
     """A model with random non-trivial weights (LayerNorm gains and biases too)."""
     torch.manual_seed(seed)
-    model = GPT(tiny_config(**overrides))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "ln" in name:
-                p.add_(0.3 * torch.randn_like(p))
-            if name.endswith(".bias"):
-                p.add_(0.1 * torch.randn_like(p))
+    model = perturb_norms_and_biases(GPT(tiny_config(**overrides)))
     if exact:
         model.double()
         for m in model.modules():

@@ -23,6 +23,7 @@ import torch
 import fold
 import sample
 from checkpoint import load_checkpoint, load_model, model_args, save_checkpoint
+from helpers import perturb_norms_and_biases
 from model import GPT, GPTConfig, LowRankLinear
 from shards import get_tokenizer
 
@@ -34,15 +35,7 @@ DLR = dict(lowrank_rank=8, dlr=True, dlr_alpha=1.3)
 def tiny_model(seed=0, **overrides):
     """A tiny GPT with non-trivial weights: random LayerNorms, biases and pseudo-queries."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**dict(TINY, **overrides)))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "ln" in name:
-                p.add_(0.3 * torch.randn_like(p))
-            if name.endswith(".bias"):
-                p.add_(0.1 * torch.randn_like(p))
-            if "res_query" in name:
-                p.copy_(2.0 * torch.randn_like(p))
+    model = perturb_norms_and_biases(GPT(GPTConfig(**dict(TINY, **overrides))), query_scale=2.0)
     return model.eval()
 
 
