@@ -116,8 +116,8 @@ class Row:
             self.model.fold_dlr()
         self.name, self.reference, self.args, self.ctx = name, reference, args, ctx
         self.optimizer = self.model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), args.device.split(":")[0])
+        # --compile applies to training; decoding stays eager (its shapes change every step: recompiles)
         self.train_step_fn = torch.compile(self.model) if args.compile else self.model
-        self.decode_fn = self.model  # decoding shapes change every step: compiled graphs would recompile
         g = torch.Generator().manual_seed(0)
         B, T, V = args.batch_size, args.block_size, args.vocab_size
         self.x = torch.randint(0, V, (B, T), generator=g).to(args.device)
@@ -146,12 +146,12 @@ class Row:
         self.model.eval()
         cache = self.model.make_cache()
         with self.ctx:
-            logits, _ = self.decode_fn(self.prompt, cache=cache)  # prefill, not timed
+            logits, _ = self.model(self.prompt, cache=cache)  # prefill, not timed
             sync(self.args.device)
             t0 = time.perf_counter()
             for _ in range(n_tokens):
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
-                logits, _ = self.decode_fn(token, cache=cache)
+                logits, _ = self.model(token, cache=cache)
             sync(self.args.device)
         self.times["decode"].append((time.perf_counter() - t0) / n_tokens)
         self.model.train()
