@@ -42,7 +42,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--compile", action="store_true", help="torch.compile every model")
+    p.add_argument("--compile", action="store_true", help="torch.compile every model, for training and decoding")
     p.add_argument("--n_layer", type=int, default=8)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--n_embd", type=int, default=256)
@@ -59,18 +59,21 @@ def parse_args():
     return p.parse_args()
 
 
-def measure_peak_flops(device, dtype, n=2048, reps=10):
-    """Matmul FLOP/s of this device and dtype: the ceiling MFU is measured against."""
+def measure_peak_flops(device, dtype, n=2048, reps=5, rounds=5):
+    """Matmul FLOP/s of this device and dtype: the ceiling MFU is measured against (fastest round)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync(device)
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+    best = float("inf")
+    for _ in range(rounds):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 * reps / best
 
 
 def sync(device):
@@ -116,19 +119,20 @@ class Row:
             self.model.fold_dlr()
         self.name, self.reference, self.args, self.ctx = name, reference, args, ctx
         self.optimizer = self.model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), args.device.split(":")[0])
-        # --compile applies to training; decoding stays eager (its shapes change every step: recompiles)
-        self.train_step_fn = torch.compile(self.model) if args.compile else self.model
+        # --compile: one compiled model for both phases. Decoding compiles a prefill graph, then one
+        # step graph per cache length until the second length marks the length dynamic: 3 graphs in all
+        self.forward = torch.compile(self.model) if args.compile else self.model
         g = torch.Generator().manual_seed(0)
         B, T, V = args.batch_size, args.block_size, args.vocab_size
         self.x = torch.randint(0, V, (B, T), generator=g).to(args.device)
         self.y = torch.randint(0, V, (B, T), generator=g).to(args.device)
         self.prompt = self.x[:, :16]
         self.times = {"train": [], "decode": []}
-        self.peak_mem = None
+        self.peak_mem = None  # on the CPU counted from an eager step, compiled or not
 
     def train_step(self):
         with self.ctx:
-            _, loss = self.train_step_fn(self.x, self.y)
+            _, loss = self.forward(self.x, self.y)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -146,12 +150,12 @@ class Row:
         self.model.eval()
         cache = self.model.make_cache()
         with self.ctx:
-            logits, _ = self.model(self.prompt, cache=cache)  # prefill, not timed
+            logits, _ = self.forward(self.prompt, cache=cache)  # prefill, not timed
             sync(self.args.device)
             t0 = time.perf_counter()
             for _ in range(n_tokens):
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
-                logits, _ = self.model(token, cache=cache)
+                logits, _ = self.forward(token, cache=cache)
             sync(self.args.device)
         self.times["decode"].append((time.perf_counter() - t0) / n_tokens)
         self.model.train()
@@ -181,6 +185,8 @@ def main():
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compile:  # ~4 graphs per row (training, prefill, decoding); past the limit dynamo silently runs eager
+        torch._dynamo.config.recompile_limit = 16 * len(ROWS)
     rank = args.rank or args.n_embd // 4
     rows = {name.format(r=rank): ({k: (rank if v == "{r}" else v) for k, v in cfg.items()}, ref.format(r=rank))
             for name, (cfg, ref) in ROWS.items()}

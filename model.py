@@ -242,12 +242,17 @@ class Block(nn.Module):
 # -----------------------------------------------------------------------------
 # Routing: the one operation every routed mode shares
 
-def routing_logits(s, queries):
+def inverse_rms(s):
+    """1 / rms(s) = 1 / sqrt(mean(s^2) + eps) per token, in at least float32. Computed from one fused
+    norm, mean(s^2) = |s|^2 / d: its backward is one pass over s, where pow(2).mean() takes three."""
+    norm = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=torch.promote_types(s.dtype, torch.float32))
+    return torch.rsqrt(norm.square() / s.size(-1) + ROUTING_RMS_EPS)
+
+
+def routing_logits(s, queries, inv_rms=None):
     """w . rmsnorm(s) for every row w of queries (rmsnorm without a gain: a gain would only rescale w).
     Computed as (s . w) / rms(s), so no normalised copy of s is made or kept for the backward pass."""
-    s_wide = s.to(torch.promote_types(s.dtype, torch.float32))  # the mean of squares in at least float32
-    inv_rms = torch.rsqrt(s_wide.pow(2).mean(dim=-1, keepdim=True) + ROUTING_RMS_EPS)
-    return (s @ queries.t()) * inv_rms
+    return (s @ queries.t()) * (inverse_rms(s) if inv_rms is None else inv_rms)
 
 
 class DepthSources:
@@ -265,8 +270,9 @@ class DepthSources:
 
     Fast paths, none of which changes the math:
     - the pseudo-queries do not depend on the input, so a completed source's logits against every
-      route are one [B, T, d] x [d, R] matmul, done once when the source is created and stored
-      route-major ([R, B, T]), so a route reads one contiguous row instead of a pass over [B, T, d].
+      route are one [B, T, d] x [d, R] matmul, done once when the source is created, and kept in
+      one route-major table ([R, m, B, T]): a route reads its logits as one slice, not a pass over
+      [B, T, d] per source (nor m small calls, which is what decoding a token is bound by).
     - the mix is a running addcmul over the source list: nothing is stacked, so autograd keeps
       each source once (memory O(depth), not O(depth^2) as a stack per sublayer would). Without
       autograd (decoding) there is no memory to save, and one stacked multiply-sum is fewer calls.
@@ -276,8 +282,9 @@ class DepthSources:
         self.queries = queries  # [R, d]: every pseudo-query of the model, one row per route
         self.dtype = e.dtype  # sources are kept in the embedding's precision (the stream's, in standard)
         self.values = []  # completed sources, each [B, T, d]
-        self.logits = []  # per completed source, [R, B, T]: its logit for every route
+        self.logits = None  # [R, m, B, T]: the logit of every completed source (dim 1) for every route (dim 0)
         self.partial = None  # p, the running sum of the current block
+        self.partial_inv_rms = None  # 1 / rms(p), shared by the routes that read the same p
         self.collect = collect
         self.weights = {}  # route -> mean depth weights over batch and positions (when collecting)
         self.add(e)
@@ -287,21 +294,25 @@ class DepthSources:
         """A sublayer's output joins the current block's running sum p."""
         out = out.to(self.dtype)  # under autocast outputs arrive in bf16; one dtype keeps every routing op on its fast path
         self.partial = out if self.partial is None else self.partial + out
+        self.partial_inv_rms = None  # computed by the first route that reads the new p (rd has two per sublayer)
 
     def end_block(self):
         """The current block is complete: p becomes a source of its own."""
-        logits = routing_logits(self.partial, self.queries)  # [B, T, R]: w_r . rmsnorm(s) for every route r
-        self.logits.append(logits.permute(2, 0, 1).contiguous())
+        logits = routing_logits(self.partial, self.queries).permute(2, 0, 1).unsqueeze(1)  # [R, 1, B, T]: w_r . rmsnorm(p)
+        self.logits = logits if self.logits is None else torch.cat([self.logits, logits], dim=1)
         self.values.append(self.partial)
         self.partial = None
 
     def route(self, r):
         """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources."""
-        logits, values = [lg[r] for lg in self.logits], self.values  # m x [B, T]
+        logits, values = self.logits[r], self.values  # [m, B, T] and m x [B, T, d]
         if self.partial is not None:  # p changes after every sublayer, so its logit is computed per route
-            logits.append(routing_logits(self.partial, self.queries[r:r + 1])[..., 0])
+            if self.partial_inv_rms is None:
+                self.partial_inv_rms = inverse_rms(self.partial)
+            p_logit = routing_logits(self.partial, self.queries[r:r + 1], self.partial_inv_rms)  # [B, T, 1]
+            logits = torch.cat([logits, p_logit.permute(2, 0, 1)])
             values = values + [self.partial]
-        a = torch.stack(logits).softmax(dim=0).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous
+        a = logits.softmax(dim=0).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous
         if self.collect:
             self.weights[r] = a.detach().float().mean(dim=(1, 2, 3)).cpu()
         if not torch.is_grad_enabled():  # inference: 3 calls instead of 2m small ones

@@ -310,6 +310,25 @@ def test_gradients_reach_everything(mode, res_blocks):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize("res_blocks", [0, 2])
+@pytest.mark.parametrize("mode", ROUTED)
+def test_zero_sources_give_finite_gradients(mode, res_blocks):
+    """Sublayers whose output projections are zero (a common init) make sources that are exactly 0,
+    where |s| has no derivative: the routing keys' 1/rms(s) must still give finite gradients."""
+    model = make_model(exact=False, residual=mode, res_blocks=res_blocks)
+    randomise_queries(model)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                proj.weight.zero_()
+                proj.bias.zero_()
+    _, loss = model(batch(), targets=batch(seed=1))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), name
+    assert model.transformer.h[0].attn.c_proj.weight.grad.abs().sum() > 0  # the zero sources still learn
+
+
 @pytest.mark.parametrize("mode", ("standard",) + ROUTED)
 def test_every_sublayer_output_reaches_the_loss(mode):
     """The last sublayer's route reads every earlier sublayer: perturbing out_0 moves the loss through it."""

@@ -1,0 +1,68 @@
+"""
+bench.py end to end on a tiny config: the rows and JSON keys the README's tables are built from,
+ratios that are what they claim to be, and memory counts that see what routing keeps for backward.
+(No speed is asserted here: speed is what bench.py itself measures, side by side.)
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--threads=1", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
+        "--rounds=1", "--train_steps=1", "--decode_tokens=2"]
+
+
+def run_bench(*args):
+    return subprocess.run([sys.executable, "bench.py", *TINY, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    result = run_bench(f"--json={path}")
+    assert result.returncode == 0, result.stderr
+    return json.loads(path.read_text()), result.stdout
+
+
+def test_every_row_and_phase_with_the_documented_keys(report):
+    data, stdout = report
+    names = ["standard", "attnres/res_blocks=0", "attnres/res_blocks=4", "delta/res_blocks=0", "delta/res_blocks=4",
+             "rd/res_blocks=0", "rd/res_blocks=4", "dense", "lowrank/rank=8", "dlr/rank=8", "folded/rank=8"]
+    rows = data["rows"]
+    assert [(r["name"], r["phase"]) for r in rows] == [(n, p) for p in ("train", "decode") for n in names]
+    for r in rows:
+        assert {"name", "phase", "tokens_per_s", "ratio", "peak_mem_mb", "mfu"} <= set(r)
+        assert r["tokens_per_s"] > 0 and r["mfu"] > 0
+        assert f"| {r['name']:<22} | {r['phase']:<6} |" in stdout  # the printed table has the same rows
+
+
+def test_ratios_are_tokens_per_s_against_the_named_reference(report):
+    rows = {(r["name"], r["phase"]): r for r in report[0]["rows"]}
+    for (name, phase), r in rows.items():
+        ref = rows[(r["reference"], phase)]
+        assert r["ratio"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"], rel=1e-9)
+    assert rows[("folded/rank=8", "train")]["reference"] == "lowrank/rank=8"
+    assert rows[("dlr/rank=8", "train")]["reference"] == "dense"
+    assert rows[("standard", "train")]["ratio"] == 1.0
+
+
+def test_training_memory_counts_what_each_model_keeps(report):
+    mem = {r["name"]: r["peak_mem_mb"] for r in report[0]["rows"] if r["phase"] == "train"}
+    # routed modes keep their sources for the backward pass; rd also its value routes' inputs
+    for mode in ("attnres", "delta", "rd"):
+        assert mem[f"{mode}/res_blocks=0"] > mem["standard"]
+    assert mem["rd/res_blocks=0"] > mem["attnres/res_blocks=0"]
+    # rank n_embd/4 factors hold fewer parameters (and optimizer state) than dense; DLR adds none, folding none
+    assert mem["lowrank/rank=8"] < mem["dense"]
+    assert mem["dlr/rank=8"] == pytest.approx(mem["lowrank/rank=8"], rel=0.05)
+    assert mem["standard"] == mem["dense"]
+
+
+def test_an_unknown_row_is_a_one_line_error():
+    result = run_bench("--rows=attnres/res_blocks=3")
+    assert result.returncode != 0
+    assert "unknown row(s) ['attnres/res_blocks=3']" in result.stderr
