@@ -272,10 +272,13 @@ class DepthSources:
     - the pseudo-queries do not depend on the input, so a completed source's logits against every
       route are one [B, T, d] x [d, R] matmul, done once when the source is created, and kept in
       one route-major table ([R, m, B, T]): a route reads its logits as one slice, not a pass over
-      [B, T, d] per source (nor m small calls, which is what decoding a token is bound by).
+      [B, T, d] per source.
     - the mix is a running addcmul over the source list: nothing is stacked, so autograd keeps
       each source once (memory O(depth), not O(depth^2) as a stack per sublayer would). Without
       autograd (decoding) there is no memory to save, and one stacked multiply-sum is fewer calls.
+    The papers' two-phase mix (all routes of a block in one batched matmul over stacked sources)
+    measured slower than this in eager PyTorch on a CPU (README, "Speed"); torch.compile fuses
+    each route into one loop instead.
     """
 
     def __init__(self, e, queries, collect=False):
