@@ -195,7 +195,9 @@ def main():
         unknown = [w for w in wanted if w not in rows]
         if unknown:
             raise SystemExit(f"error: unknown row(s) {unknown}; choose from {', '.join(rows)}")
-        wanted += [rows[w][1] for w in wanted if rows[w][1] not in wanted]  # keep each row's reference
+        for w in wanted:  # keep each row's reference, and its reference's (folded -> lowrank -> dense)
+            if rows[w][1] not in wanted:
+                wanted.append(rows[w][1])
         rows = {k: v for k, v in rows.items() if k in wanted}
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     device_type = args.device.split(":")[0]

@@ -66,3 +66,11 @@ def test_an_unknown_row_is_a_one_line_error():
     result = run_bench("--rows=attnres/res_blocks=3")
     assert result.returncode != 0
     assert "unknown row(s) ['attnres/res_blocks=3']" in result.stderr
+
+
+def test_a_row_brings_its_chain_of_references(tmp_path):
+    """folded is compared with lowrank, which is compared with dense: asking for folded runs all three."""
+    result = run_bench("--rows=folded/rank=8", f"--json={tmp_path / 'b.json'}")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert sorted({r["name"] for r in rows}) == ["dense", "folded/rank=8", "lowrank/rank=8"]
