@@ -507,4 +507,5 @@ if master:
         print(f"checkpoint: {done_ckpt}")
         print(f"sample from it: python sample.py --out_dir={out_dir}")
 if ddp:
+    dist.barrier()  # tear down together: a gloo rank destroyed while a peer still writes can abort at exit
     dist.destroy_process_group()
