@@ -242,17 +242,14 @@ class Block(nn.Module):
 # -----------------------------------------------------------------------------
 # Routing: the one operation every routed mode shares
 
-def inverse_rms(s):
-    """1 / rms(s) = 1 / sqrt(mean(s^2) + eps) per token, in at least float32. Computed from one fused
-    norm, mean(s^2) = |s|^2 / d: its backward is one pass over s, where pow(2).mean() takes three."""
-    norm = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=torch.promote_types(s.dtype, torch.float32))
-    return torch.rsqrt(norm.square() / s.size(-1) + ROUTING_RMS_EPS)
-
-
-def routing_logits(s, queries, inv_rms=None):
+def routing_logits(s, queries):
     """w . rmsnorm(s) for every row w of queries (rmsnorm without a gain: a gain would only rescale w).
-    Computed as (s . w) / rms(s), so no normalised copy of s is made or kept for the backward pass."""
-    return (s @ queries.t()) * (inverse_rms(s) if inv_rms is None else inv_rms)
+    Computed as (s . w) / rms(s), so no normalised copy of s is made or kept for the backward pass.
+    mean(s^2) = |s|^2 / d from one fused norm (in at least float32): its backward is one pass over s,
+    where pow(2).mean() takes three."""
+    norm = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=torch.promote_types(s.dtype, torch.float32))
+    inv_rms = torch.rsqrt(norm.square() / s.size(-1) + ROUTING_RMS_EPS)
+    return (s @ queries.t()) * inv_rms
 
 
 class DepthSources:
@@ -287,7 +284,6 @@ class DepthSources:
         self.values = []  # completed sources, each [B, T, d]
         self.logits = None  # [R, m, B, T]: the logit of every completed source (dim 1) for every route (dim 0)
         self.partial = None  # p, the running sum of the current block
-        self.partial_inv_rms = None  # 1 / rms(p), shared by the routes that read the same p
         self.collect = collect
         self.weights = {}  # route -> mean depth weights over batch and positions (when collecting)
         self.add(e)
@@ -297,7 +293,6 @@ class DepthSources:
         """A sublayer's output joins the current block's running sum p."""
         out = out.to(self.dtype)  # under autocast outputs arrive in bf16; one dtype keeps every routing op on its fast path
         self.partial = out if self.partial is None else self.partial + out
-        self.partial_inv_rms = None  # computed by the first route that reads the new p (rd has two per sublayer)
 
     def end_block(self):
         """The current block is complete: p becomes a source of its own."""
@@ -310,9 +305,7 @@ class DepthSources:
         """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources."""
         logits, values = self.logits[r], self.values  # [m, B, T] and m x [B, T, d]
         if self.partial is not None:  # p changes after every sublayer, so its logit is computed per route
-            if self.partial_inv_rms is None:
-                self.partial_inv_rms = inverse_rms(self.partial)
-            p_logit = routing_logits(self.partial, self.queries[r:r + 1], self.partial_inv_rms)  # [B, T, 1]
+            p_logit = routing_logits(self.partial, self.queries[r:r + 1])  # [B, T, 1]
             logits = torch.cat([logits, p_logit.permute(2, 0, 1)])
             values = values + [self.partial]
         a = logits.softmax(dim=0).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous

@@ -59,6 +59,7 @@ def test_training_memory_counts_what_each_model_keeps(report):
     # rank n_embd/4 factors hold fewer parameters (and optimizer state) than dense; DLR adds none, folding none
     assert mem["lowrank/rank=8"] < mem["dense"]
     assert mem["dlr/rank=8"] == pytest.approx(mem["lowrank/rank=8"], rel=0.05)
+    assert mem["folded/rank=8"] == mem["lowrank/rank=8"]
     assert mem["standard"] == mem["dense"]
 
 
