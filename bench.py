@@ -8,6 +8,7 @@ peak memory and MFU.
     python bench.py --dtype=bfloat16 --json=bench.json
     python bench.py --device=cuda --dtype=bfloat16 --compile
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --rows=standard,delta/res_blocks=0
+    python bench.py --plot=ratios.png run_256.json run_512.json   # routing's cost against width
 
 MFU is measured against the matmul throughput this script measures at start-up on the same
 device and dtype (a large square matmul), not against a datasheet figure.
@@ -56,7 +57,12 @@ def parse_args():
     p.add_argument("--rows", default="all", help="comma-separated row names, or 'all'")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", default=None, help="also write the figures to this file")
-    return p.parse_args()
+    p.add_argument("--plot", default=None, metavar="PNG", help="run nothing: plot the ratios of the given --json files against width")
+    p.add_argument("inputs", nargs="*", metavar="JSON", help="with --plot: files written by --json, one width (and setting) each")
+    args = p.parse_args()
+    if bool(args.plot) != bool(args.inputs):
+        p.error("--plot and JSON files go together: python bench.py --plot=OUT.png A.json B.json ...")
+    return args
 
 
 def measure_peak_flops(device, dtype, n=2048, reps=5, rounds=5):
@@ -181,8 +187,71 @@ def base_config(args):
                 vocab_size=args.vocab_size, dropout=0.0, bias=False)
 
 
+# --plot: the routed rows' ratios against model width, with the targets they are held to
+PLOT_ROWS = {"attnres/res_blocks=0": {"train": 0.90, "decode": 0.95},  # row -> target per phase
+             "attnres/res_blocks=4": {"train": 0.97, "decode": 0.98},
+             "rd/res_blocks=0": {}}  # rd's target is relative to attnres: no line of its own
+
+
+def plot_width(paths, out):
+    """One panel per setting (eager/compiled x dtype) and phase: each routed row's ratio to standard
+    against n_embd, from --json files of runs at different widths. Returns the plotted series,
+    {(setting, phase, row): [(n_embd, ratio), ...]}."""
+    import matplotlib  # only --plot needs it
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {}  # setting -> n_embd -> {(row, phase): ratio}
+    for path in paths:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"error: cannot read {path} ({e}); give files written by bench.py --json")
+        try:
+            setting = f"{'compiled' if data['compile'] else 'eager'} {data['dtype']}"
+            width = data["config"]["n_embd"]
+            ratios = {(r["name"], r["phase"]): r["ratio"] for r in data["rows"]}
+        except (KeyError, TypeError) as e:
+            raise SystemExit(f"error: {path} is not a file written by bench.py --json (no {e}); rerun bench.py with --json")
+        if width in runs.setdefault(setting, {}):
+            raise SystemExit(f"error: two files for {setting} at n_embd={width} ({path} is the second); plot one run per width")
+        runs[setting][width] = ratios
+
+    series = {}
+    fig, axes = plt.subplots(len(runs), 2, figsize=(10, 2.8 * len(runs)), sharex=True, sharey=True, squeeze=False)
+    order = sorted(runs, key=lambda s: (s.startswith("compiled"), "float32" not in s, s))  # eager fp32 first
+    for ax_row, setting in zip(axes, order):
+        widths = sorted(runs[setting])
+        for ax, phase in zip(ax_row, ("train", "decode")):
+            for row, targets in PLOT_ROWS.items():
+                points = [(w, runs[setting][w][row, phase]) for w in widths if (row, phase) in runs[setting][w]]
+                if not points:
+                    continue
+                series[setting, phase, row] = points
+                (line,) = ax.plot(*zip(*points), marker="o", label=row)
+                if phase in targets:
+                    ax.axhline(targets[phase], color=line.get_color(), linestyle=":", linewidth=1)
+            ax.axhline(1.0, color="gray", linewidth=0.5)
+            ax.set_title(f"{setting}, {phase}", fontsize=10)
+            ax.set_xticks(sorted({w for ws in runs.values() for w in ws}))
+            ax.grid(alpha=0.3)
+        ax_row[0].set_ylabel("tokens/s vs standard")
+    for ax in axes[-1]:
+        ax.set_xlabel("n_embd")
+    axes[0][0].legend(fontsize=8, title="dotted: target", title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+    return series
+
+
 def main():
     args = parse_args()
+    if args.plot:
+        plot_width(args.inputs, args.plot)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.compile:  # ~4 graphs per row (training, prefill, decoding); past the limit dynamo silently runs eager

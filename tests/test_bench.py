@@ -75,3 +75,41 @@ def test_a_row_brings_its_chain_of_references(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert sorted({r["name"] for r in rows}) == ["dense", "folded/rank=8", "lowrank/rank=8"]
+
+
+def test_plot_draws_each_rows_ratio_against_width(report, tmp_path):
+    """--plot reads --json files of runs at different widths: every routed row becomes one line of
+    (n_embd, ratio) points taken from the files, in width order, per setting and phase."""
+    import bench
+
+    wide = tmp_path / "wide.json"
+    result = run_bench("--n_embd=64", "--rows=attnres/res_blocks=0", f"--json={wide}")
+    assert result.returncode == 0, result.stderr
+    narrow = tmp_path / "narrow.json"
+    narrow.write_text(json.dumps(report[0]))
+    out = tmp_path / "ratios.png"
+    series = bench.plot_width([str(wide), str(narrow)], str(out))
+    assert out.stat().st_size > 10_000  # a real figure, not an empty canvas
+
+    def ratio(data, name, phase):
+        return next(r["ratio"] for r in data["rows"] if (r["name"], r["phase"]) == (name, phase))
+
+    wide_data = json.loads(wide.read_text())
+    for phase in ("train", "decode"):
+        assert series["eager float32", phase, "attnres/res_blocks=0"] == [
+            (32, ratio(report[0], "attnres/res_blocks=0", phase)), (64, ratio(wide_data, "attnres/res_blocks=0", phase))]
+        # rows run at one width only are one point
+        assert series["eager float32", phase, "attnres/res_blocks=4"] == [(32, ratio(report[0], "attnres/res_blocks=4", phase))]
+
+
+def test_plot_rejects_what_it_cannot_plot(report, tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(report[0]))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": []}))
+    for args, message in [([f"--plot={tmp_path / 'a.png'}", str(run), str(run)], "two files for eager float32 at n_embd=32"),
+                          ([f"--plot={tmp_path / 'a.png'}", str(other)], "is not a file written by bench.py --json"),
+                          ([f"--plot={tmp_path / 'a.png'}", str(tmp_path / "missing.json")], "cannot read"),
+                          ([str(run)], "--plot and JSON files go together")]:
+        result = subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
