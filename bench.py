@@ -221,6 +221,7 @@ def plot_width(paths, out):
     series = {}
     fig, axes = plt.subplots(len(runs), 2, figsize=(10, 2.8 * len(runs)), sharex=True, sharey=True, squeeze=False)
     order = sorted(runs, key=lambda s: (s.startswith("compiled"), "float32" not in s, s))  # eager fp32 first
+    all_widths = sorted({w for widths in runs.values() for w in widths})
     for ax_row, setting in zip(axes, order):
         widths = sorted(runs[setting])
         for ax, phase in zip(ax_row, ("train", "decode")):
@@ -234,7 +235,7 @@ def plot_width(paths, out):
                     ax.axhline(targets[phase], color=line.get_color(), linestyle=":", linewidth=1)
             ax.axhline(1.0, color="gray", linewidth=0.5)
             ax.set_title(f"{setting}, {phase}", fontsize=10)
-            ax.set_xticks(sorted({w for ws in runs.values() for w in ws}))
+            ax.set_xticks(all_widths)
             ax.grid(alpha=0.3)
         ax_row[0].set_ylabel("tokens/s vs standard")
     for ax in axes[-1]:
