@@ -5,34 +5,49 @@ residual connections (or their linears), N paired seeds each, one table and a fe
     python compare.py config/train_shakespeare_char.py --seeds=3                 # the residual grid
     python compare.py config/train_shakespeare_char.py --seeds=3 --runs=lowrank  # dense vs rank 32 vs rank 32 + DLR
     python compare.py config/train_shakespeare_char.py --runs=standard,delta/res_blocks=2 --max_iters=500
-    python compare.py config/train_shakespeare_char.py --seeds=3 --runs=residual --publish=docs/compare/residual
+    python compare.py config/train_shakespeare_char.py --sweep=n_layer=4,8,16 --runs=depth --seeds=3 --jobs=2 \
+        --publish=docs/compare/depth                                             # the depth study
 
-Options: --runs (a grid name from GRIDS, or a comma list of run names), --seeds=N (seeds 0..N-1),
---publish=DIR (copy results.md, results.json and the pictures into DIR; that results.md links its images
-as DIR/<file>, so it pastes into a README in the current folder). Every other --key=value goes to
-train.py, for every run.
+Options:
+  --runs=R        a grid name from GRIDS (residual, lowrank, all, depth), or a comma list of run names
+  --seeds=N       seeds 0..N-1
+  --sweep=K=A,B   run the grid at each value of one train.py key K (e.g. n_layer=4,8,16)
+  --jobs=N        N training runs at a time, each on one torch thread unless OMP_NUM_THREADS is set
+  --publish=DIR   copy results.md, results.json, the pictures and every finished run's log into DIR
+                  (results.md there links its images as DIR/<file>, so it pastes into a README here);
+                  a run whose published log has finished is taken from DIR, never trained again
+  --report        write the results from the runs finished so far, train nothing
+Every other --key=value goes to train.py, for every run.
 
 A run name is what the run changes: `standard`, `<mode>/res_blocks=N` (attnres, delta, rd),
-`lowrank/rank=R` (standard residual, low-rank linears), `dlr/rank=R` (the same plus DLR).
-Each run is `python train.py <config> --out_dir=<out_dir>/compare/runs/<name>/seed<k> --seed=<k>
-<the run's settings> <your --key=value>`, one at a time. A run whose log.jsonl has a `done` event is
-not trained again, so rerunning the command resumes the grid (an unfinished run starts over; a
-finished one with other train.py arguments is an error, not a silent mix).
+`rd_fixedv/res_blocks=N` (rd whose value route never learns: the RD paper's control),
+`lowrank/rank=R` (standard residual, low-rank linears), `dlr/rank=R` (the same plus DLR). With
+--sweep a name may start with one value, `n_layer=16/rd/res_blocks=4`, to run only there; the runs
+of a sweep are named so (folders too: runs/n_layer=16/rd/res_blocks=4/seed0). Each run is
+`python train.py <config> --out_dir=<out_dir>/compare/runs/<name>/seed<k> --seed=<k> <the run's
+settings> <your --key=value>`. A run whose log.jsonl has a `done` event is not trained again, so
+rerunning the command resumes the grid (an unfinished run starts over; a finished one with other
+train.py arguments is an error, not a silent mix). Runs go value by value, seed by seed: the
+cheapest values first, and each value's table is complete before the next one starts.
 
 Paired protocol (as in the RD paper): train.py seeds the backbone init and the batch order with
 --seed only, so for a given seed every run starts from the same weights and sees the same batches;
 only the residual machinery differs. Each run is compared with the `standard` (dense) run of the same
-seed, and a DLR run also with its plain low-rank twin.
+seed and value, and with its parent in the papers: rd and delta with attnres at the same res_blocks
+(the RD and Delta papers' baselines), rd_fixedv with rd and attnres, a DLR run with its plain
+low-rank twin.
 
 The train.py processes inherit the environment: on a CPU that other programs share, OMP_NUM_THREADS=1
 avoids torch threads waiting on each other (measured: 2 threads on 2 busy cores made the Shakespeare
-recipe's steps 6-10x slower than 1 thread).
+recipe's steps 6-10x slower than 1 thread); --jobs above 1 sets it when you have not.
 
 Output in <out_dir>/compare/: results.md, results.json, val_loss.png, routing_<run>.png (one per
-routed run) and max_weight_by_depth.png.
+routed run) and max_weight_by_depth.png (one of each per value with --sweep), and with --sweep
+sweep_val_loss.png and sweep_max_weight.png.
 """
 
 import ast
+import heapq
 import json
 import math
 import os
@@ -53,12 +68,18 @@ import numpy as np  # noqa: E402
 from model import RESIDUAL_MODES  # noqa: E402
 
 REFERENCE = "standard"  # every run is compared with the standard (dense) run of the same seed
+ROUTED = [m for m in RESIDUAL_MODES if m != "standard"] + ["rd_fixedv"]
 GRIDS = {
     "residual": ["standard"] + [f"{m}/res_blocks={n}" for m in ("attnres", "delta", "rd") for n in (0, 4)],
     "lowrank": ["standard", "lowrank/rank=32", "dlr/rank=32"],
+    # the depth study: per-sublayer routing at every depth, the RD control at 8, block routing at 16
+    "depth": ["standard"] + [f"{m}/res_blocks=0" for m in ("attnres", "delta", "rd")] + ["n_layer=8/rd_fixedv/res_blocks=0"]
+             + [f"n_layer=16/{m}/res_blocks=4" for m in ("attnres", "delta", "rd")],
 }
 GRIDS["all"] = list(dict.fromkeys(GRIDS["residual"] + GRIDS["lowrank"]))
-RUN_KEYS = ("residual", "res_blocks", "lowrank_rank", "dlr")  # set by each run, not on the command line
+# what each kind of run is compared with besides standard: its baseline in the papers (same res_blocks or rank)
+PARENTS = {"rd": ["attnres"], "delta": ["attnres"], "rd_fixedv": ["rd", "attnres"], "dlr": ["lowrank"]}
+RUN_KEYS = ("residual", "res_blocks", "fixed_value_route", "lowrank_rank", "dlr")  # set by each run, not on the command line
 PROBE_ITERS = 10  # iterations of the timing probe that makes the up-front estimate
 TRAIN = Path(__file__).resolve().parent / "train.py"
 
@@ -66,14 +87,33 @@ TRAIN = Path(__file__).resolve().parent / "train.py"
 # -----------------------------------------------------------------------------
 # runs: names <-> train.py settings
 
+def literal(value):
+    """A command-line value as train.py's configurator reads it: a Python literal, else the string."""
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def split_point(name):
+    """A run name's sweep value and the rest: 'n_layer=8/rd/res_blocks=0' -> ('n_layer=8', 'rd/res_blocks=0');
+    ('', name) for a name without one. Run kinds never hold '=', so a first part with '=' is a value."""
+    first, _, rest = name.partition("/")
+    return (first, rest) if "=" in first else ("", name)
+
+
 def run_settings(name):
-    """train.py settings of a run, read from its name: `<kind>[/key=value...]`, e.g. 'delta/res_blocks=4',
-    'dlr/rank=32'. kind is a residual mode, 'lowrank' or 'dlr'; keys are res_blocks (routed modes) and rank."""
+    """train.py settings of a run, read from its name: `[key=value/]<kind>[/key=value...]`, e.g.
+    'delta/res_blocks=4', 'dlr/rank=32', 'n_layer=8/rd_fixedv/res_blocks=0'. kind is a residual mode,
+    rd_fixedv, lowrank or dlr; keys are res_blocks (routed modes) and rank."""
+    point, name = split_point(name)
     kind, *parts = name.split("/")
-    if kind not in RESIDUAL_MODES + ("lowrank", "dlr"):
-        raise ValueError(f"run {name!r}: it must start with one of {', '.join(RESIDUAL_MODES)}, lowrank, dlr")
-    routed = kind in RESIDUAL_MODES and kind != "standard"
-    settings = dict(residual=kind if kind in RESIDUAL_MODES else "standard", **dict(res_blocks=0) if routed else {},
+    if kind not in RESIDUAL_MODES + ("rd_fixedv", "lowrank", "dlr"):
+        raise ValueError(f"run {name!r}: it must start with one of {', '.join(RESIDUAL_MODES)}, rd_fixedv, lowrank, dlr")
+    routed = kind in ROUTED
+    residual = "rd" if kind == "rd_fixedv" else kind if kind in RESIDUAL_MODES else "standard"
+    settings = dict(residual=residual, **dict(res_blocks=0) if routed else {},
+                    **dict(fixed_value_route=kind == "rd_fixedv") if residual == "rd" else {},
                     lowrank_rank=0, dlr=kind == "dlr")
     keys = {"res_blocks": "res_blocks", "rank": "lowrank_rank"} if routed else {"rank": "lowrank_rank"}
     for part in parts:
@@ -83,6 +123,9 @@ def run_settings(name):
         settings[keys[key]] = int(value)
     if kind in ("lowrank", "dlr") and not settings["lowrank_rank"]:
         raise ValueError(f"run {name!r}: {kind} needs a rank, e.g. {kind}/rank=32")
+    if point:
+        key, _, value = point.partition("=")
+        settings = {key: literal(value), **settings}
     return settings
 
 
@@ -90,7 +133,7 @@ def run_name(settings):
     """The canonical name of a run's settings (so 'attnres' and 'attnres/res_blocks=0' are one run)."""
     if settings["residual"] == "standard" and settings["lowrank_rank"]:
         return f"{'dlr' if settings['dlr'] else 'lowrank'}/rank={settings['lowrank_rank']}"
-    name = settings["residual"]
+    name = "rd_fixedv" if settings.get("fixed_value_route") else settings["residual"]
     if name != "standard":
         name += f"/res_blocks={settings['res_blocks']}"
     if settings["lowrank_rank"]:
@@ -98,24 +141,44 @@ def run_name(settings):
     return name
 
 
-def select_runs(runs):
-    """The run names of a grid name or comma list, the reference first and each run once."""
+def select_runs(runs, sweep=None):
+    """The run names of a grid name or comma list, each once, the reference first; with a sweep
+    (key, [values]) the same list at every value, value by value, each name prefixed 'key=value/'.
+    A name that already starts with a value runs at that value only."""
     names = GRIDS[runs] if runs in GRIDS else [n for n in runs.split(",") if n]
     if not names:
         raise ValueError(f"--runs={runs!r} names no runs: use {', '.join(GRIDS)} or a comma list of run names")
-    names = [run_name(run_settings(n)) for n in names]
-    return list(dict.fromkeys([REFERENCE] + names))  # the reference is always trained: it anchors every comparison
+    canonical = []
+    for name in names:
+        point, kind = split_point(name)
+        canonical.append((point, run_name(run_settings(kind))))
+    if sweep is None:
+        if any(point for point, _ in canonical):
+            raise ValueError(f"--runs={runs} names runs at a sweep value ({', '.join(p + '/' + k for p, k in canonical if p)}): "
+                             "add --sweep=key=value,... or drop the value")
+        return list(dict.fromkeys([REFERENCE] + [kind for _, kind in canonical]))
+    key, values = sweep
+    points = [f"{key}={v}" for v in values]
+    stray = [p + "/" + k for p, k in canonical if p and p not in points]
+    if stray:
+        raise ValueError(f"run(s) {', '.join(stray)} name a value that --sweep={key}={','.join(values)} does not have")
+    out = []
+    for point in points:  # the reference is always trained: it anchors every comparison at its value
+        kinds = dict.fromkeys([REFERENCE] + [k for p, k in canonical if p in ("", point)])
+        out += [f"{point}/{kind}" for kind in kinds]
+    return out
 
 
 def references(name, names):
-    """What a run is compared with: the standard run, and for a DLR run also its plain low-rank twin."""
-    if name == REFERENCE:
+    """What a run is compared with: the standard run at its value, and its papers' parent (PARENTS) at
+    the same value and res_blocks (or rank) where the grid has it."""
+    point, kind_name = split_point(name)
+    if kind_name == REFERENCE:
         return []
-    refs = [REFERENCE]
-    twin = name.replace("dlr/", "lowrank/", 1)
-    if name.startswith("dlr/") and twin in names:
-        refs.append(twin)
-    return refs
+    prefix = point + "/" if point else ""
+    kind, _, rest = kind_name.partition("/")
+    parents = [f"{prefix}{parent}/{rest}" for parent in PARENTS.get(kind, [])]
+    return [prefix + REFERENCE] + [p for p in parents if p in names]
 
 
 def slug(name):
@@ -145,11 +208,13 @@ def finished(events):
 
 
 def run_record(events):
-    """What the aggregation needs from one finished run's log."""
+    """What the aggregation needs from one finished run's log: its final val loss, time, val curve,
+    routing at the last eval, and the commit of the code that trained it (from its `start` event)."""
     done = finished(events)
     evals = [e for e in events if e.get("event") == "eval"]
     routing = evals[-1].get("routing") if evals else None
-    return dict(val_loss=done["val_loss"], elapsed_s=done.get("elapsed_s"),
+    start = next((e for e in events if e.get("event") == "start"), {})
+    return dict(val_loss=done["val_loss"], elapsed_s=done.get("elapsed_s"), commit=start.get("commit"),
                 curve=[(e["iter"], e["val_loss"]) for e in evals], routing=routing or None)
 
 
@@ -223,6 +288,7 @@ def aggregate(records, names):
         times = [r["elapsed_s"] for r in recs.values() if r["elapsed_s"] is not None]
         out[name] = dict(settings=run_settings(name), val_loss=val, val_loss_mean=v_mean, val_loss_std=v_std,
                          elapsed_s_mean=statistics.fmean(times) if times else None,
+                         commits=sorted({r["commit"] for r in recs.values() if r.get("commit")}),
                          paired={ref: paired(val, {s: r["val_loss"] for s, r in records.get(ref, {}).items()})
                                  for ref in references(name, names)},
                          routing=routing_summary([r["routing"] for r in recs.values()]))
@@ -268,26 +334,58 @@ def table(results):
     return "\n".join(lines)
 
 
+def comparisons(results):
+    """Every paired comparison of the grid by sweep value: {(run, reference): {value: paired}}, names
+    without their value ('rd/res_blocks=0', 'attnres/res_blocks=0'); value '' without a sweep."""
+    out = {}
+    for name, r in results["runs"].items():
+        point, kind = split_point(name)
+        for ref, p in r["paired"].items():
+            if p["n"]:
+                out.setdefault((kind, split_point(ref)[1]), {})[point] = p
+    return out
+
+
+def sweep_table(results):
+    """The sweep in one markdown table: a row per comparison, a column per value, cells the paired
+    Δ val loss (nats, mean ± std over seeds) and the wins."""
+    points = results["points"]
+    lines = ["| run | vs | " + " | ".join(points) + " |", "|" + " --- |" * (len(points) + 2)]
+    for (kind, ref), by_point in comparisons(results).items():
+        cells = ["" if pt not in by_point else
+                 f"{pm(by_point[pt]['diff_nats_mean'], by_point[pt]['diff_nats_std'], 3, sign=True)} "
+                 f"({by_point[pt]['wins']}/{by_point[pt]['n']})" for pt in points]
+        lines.append("| " + " | ".join([kind, ref, *cells]) + " |")
+    return "\n".join(lines)
+
+
 def markdown(results, image_dir):
-    """results.md: the table and the pictures, image links under image_dir ('' for next to results.md)."""
+    """results.md: the tables and the pictures, image links under image_dir ('' for next to results.md)."""
+    img = lambda file: f"{image_dir}/{file}" if image_dir else file
+    figures = results["figures"]
     lines = [f"Measured with `{results['command']}`: {results['max_iters']} iterations per run, "
-             f"seeds {', '.join(map(str, results['seeds']))}, on {results['machine']}.", "", table(results)]
+             f"seeds {', '.join(map(str, results['seeds']))}, on {results['machine']}.", ""]
+    if results["points"] != [""]:
+        lines += ["Paired Δ val loss (nats, run − reference, mean ± std over seeds; wins/seeds) at each value:", "",
+                  sweep_table(results), ""]
+        lines += [f"![{title}]({img(figures[key])})" for key, title in
+                  (("sweep_val_loss", "paired Δ val loss at each value"), ("sweep_max_weight", "deepest route's max weight at each value"))
+                  if key in figures] + ["", "Every run:", ""]
+    lines.append(table(results))
     note = ("val loss: the final eval's, mean ± std over seeds (std with ddof=1). Δ: paired, per seed run − "
             "reference (same init, same batches), then mean ± std over seeds; Δ perplexity = 100 (exp Δ − 1) %; "
             "wins: seeds where the run's val loss is below the reference's. ")
     if results["deepest"]:
-        note += ("Routing at the final eval, averaged over seeds: deep = the last sublayer's input route "
-                 f"({results['deepest']}), its max weight (a uniform route over m sources has 1/m) and entropy / "
-                 "log m (1 = uniform). ")
+        deepest = ", ".join(f"{route} at {pt}" if pt else route for pt, route in results["deepest"].items())
+        note += (f"Routing at the final eval, averaged over seeds: deep = the last sublayer's input route ({deepest}), "
+                 "its max weight (a uniform route over m sources has 1/m) and entropy / log m (1 = uniform). ")
     if any((r["routing"] or {}).get("mean_js") is not None for r in results["runs"].values()):
         note += "JS: mean Jensen-Shannon divergence (nats) between rd's QK and V routes. "
     lines += ["", note + "s/run: train.py's time for one run (evals included).", ""]
-    img = lambda file: f"{image_dir}/{file}" if image_dir else file
-    figures = results["figures"]
-    if "val_loss" in figures:
-        lines += [f"![val loss of every run, mean over seeds]({img(figures['val_loss'])})", ""]
-    if "max_weight_by_depth" in figures:
-        lines += [f"![max routing weight by depth, attnres vs delta]({img(figures['max_weight_by_depth'])})", ""]
+    for key, title in (("val_loss", "val loss of every run, mean over seeds"),
+                       ("max_weight_by_depth", "max routing weight by depth, attnres vs delta")):
+        lines += [f"![{title}{' at ' + pt if pt else ''}]({img(file)})" for pt, file in figures.get(key, {}).items()]
+        lines += [""] if figures.get(key) else []
     routing = figures.get("routing", {})
     if routing:
         lines.append("Depth routing at the final eval (rows: the route's sublayer; columns: its sources; mean weight):")
@@ -301,23 +399,24 @@ def markdown(results, image_dir):
 # -----------------------------------------------------------------------------
 # pictures
 
-COLORS = {"standard": "black", "attnres": "tab:blue", "delta": "tab:red", "rd": "tab:green",
+COLORS = {"standard": "black", "attnres": "tab:blue", "delta": "tab:red", "rd": "tab:green", "rd_fixedv": "tab:olive",
           "lowrank": "tab:purple", "dlr": "tab:orange"}
 
 
 def line_style(name):
     """Colour by mode (or linear kind), dashed for block routing."""
-    kind = name.split("/")[0]
+    kind = split_point(name)[1].split("/")[0]
     settings = run_settings(name)
     return dict(color=COLORS[kind], linestyle="--" if settings.get("res_blocks") else "-")
 
 
 def plot_val_loss(records, names, path):
     """Left: val loss vs iteration, mean over seeds, every run. Right: the paired difference to the
-    reference (run - reference on the same seeds), mean over seeds: what the table's Δ is made of."""
+    reference (run - reference on the same seeds), mean over seeds: what the table's Δ is made of.
+    names: the runs of one sweep value (the first is its reference)."""
     def curves(name):
         return {seed: dict(r["curve"]) for seed, r in records.get(name, {}).items()}
-    ref = curves(REFERENCE)
+    ref = curves(names[0])
     fig, (ax, dax) = plt.subplots(1, 2, figsize=(11, 4.2))
     low = []
     for name in names:
@@ -330,7 +429,7 @@ def plot_val_loss(records, names, path):
         ax.plot(iters, mean, label=f"{name} ({n} seed{'s' * (n > 1)})", lw=1.4, **line_style(name))
         low += mean[1:]  # the first eval (at init) would squash the rest of the curve
         seeds = sorted(set(runs) & set(ref))
-        if name != REFERENCE and seeds:
+        if name != names[0] and seeds:
             both = [i for i in iters if all(i in ref[s] for s in seeds)]
             diff = [statistics.fmean(runs[s][i] - ref[s][i] for s in seeds) for i in both]
             dax.plot(both, diff, lw=1.4, **line_style(name))
@@ -344,7 +443,7 @@ def plot_val_loss(records, names, path):
     dax.axhline(0, color=COLORS[REFERENCE], lw=1)
     dax.set_title(f"paired Δ to {REFERENCE}, mean over seeds (< 0: better)")
     dax.set_ylabel("Δ val loss (nats)")
-    later = [i for r in records.values() for rec in r.values() for i, _ in rec["curve"] if i > 0]
+    later = [i for n in names for rec in records.get(n, {}).values() for i, _ in rec["curve"] if i > 0]
     for a in (ax, dax):
         if later:
             a.set_xlim(left=min(later))  # leave out the eval at init: every run starts near log(vocab_size)
@@ -399,7 +498,7 @@ def plot_max_weight(summaries, path):
     fig, ax = plt.subplots(figsize=(7, 4.2))
     drawn = set()
     for name, s in summaries.items():
-        if name.split("/")[0] not in ("attnres", "delta"):
+        if split_point(name)[1].split("/")[0] not in ("attnres", "delta"):
             continue
         routes = [r for r in sublayer_routes(s["weights"]) if r in s["max_weight"]]
         x = [sublayer_routes(s["weights"]).index(r) for r in routes]
@@ -425,28 +524,102 @@ def plot_max_weight(summaries, path):
     return True
 
 
+def plot_sweep(results, path):
+    """The sweep's headline: paired Δ val loss at each swept value, mean over seeds with the paired std
+    as error bars. Left: every run vs standard; right: the papers' own comparisons (PARENTS)."""
+    points, found = results["points"], comparisons(results)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, parents in zip(axes, (False, True)):
+        pairs = [(kind, ref) for kind, ref in found if (ref != REFERENCE) == parents]
+        for i, (kind, ref) in enumerate(pairs):
+            by_point = found[(kind, ref)]
+            x = [points.index(pt) + 0.04 * (i - (len(pairs) - 1) / 2) for pt in by_point]  # side by side, not on top
+            y = [p["diff_nats_mean"] for p in by_point.values()]
+            err = [p["diff_nats_std"] or 0.0 for p in by_point.values()]
+            style = line_style(kind)
+            ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, lw=1.4,
+                        label=kind if not parents else f"{kind} − {ref}", **style)
+        ax.axhline(0, color=COLORS[REFERENCE], lw=1)
+        ax.set_xticks(range(len(points)), points)
+        ax.set_xlim(-0.5, len(points) - 0.5)
+        ax.grid(alpha=0.3)
+        ax.set_title("vs standard" if not parents else "the papers' comparisons: run − its parent")
+        if pairs:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("paired Δ val loss (nats, < 0: better)")
+    fig.suptitle("paired Δ val loss, mean ± std over seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_sweep_max_weight(results, path):
+    """The Delta paper's routing-collapse claim across the sweep: the deepest sublayer route's max
+    weight at each value, per routed run kind; grey: a uniform route's 1/m over the same sources."""
+    points = results["points"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    kinds, uniform = {}, {}
+    for name, r in results["runs"].items():
+        if r["routing"]:
+            point, kind = split_point(name)
+            routing = r["routing"]
+            kinds.setdefault(kind, {})[point] = routing["deep_max_weight"]
+            m = len(routing["weights"][routing["deepest"]])
+            uniform.setdefault("--" if run_settings(name).get("res_blocks") else "-", {})[point] = 1 / m
+    for kind, by_point in kinds.items():
+        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), marker="o", ms=5, label=kind,
+                **line_style(kind))
+    for style, by_point in uniform.items():
+        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), color="grey", lw=1, linestyle=style,
+                marker=".", label=f"uniform 1/m ({'block' if style == '--' else 'per-sublayer'})")
+    ax.set_xticks(range(len(points)), points)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("max weight of the deepest sublayer's route")
+    ax.set_title("deepest route's max weight (final eval, mean over seeds)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_results(compare_dir, records, names, seeds, meta, publish=None):
-    """results.json, results.md and the pictures in compare_dir (and a copy in publish, if given)."""
+    """results.json, results.md and the pictures in compare_dir (and a copy in publish, if given).
+    Per sweep value a val loss and a max-weight picture; with a sweep, the two sweep pictures."""
     compare_dir = Path(compare_dir)
     runs = aggregate(records, names)
-    figures = {}
-    if plot_val_loss(records, names, compare_dir / "val_loss.png"):
-        figures["val_loss"] = "val_loss.png"
-    summaries = {n: r["routing"] for n, r in runs.items() if r["routing"]}
-    if plot_max_weight(summaries, compare_dir / "max_weight_by_depth.png"):
-        figures["max_weight_by_depth"] = "max_weight_by_depth.png"
-    figures["routing"] = {}
-    for name, s in summaries.items():
-        plot_routing(name, s, compare_dir / f"routing_{slug(name)}.png")
-        figures["routing"][name] = f"routing_{slug(name)}.png"
-    deepest = next((s["deepest"] for s in summaries.values()), None)
-    results = dict(meta, seeds=list(seeds), reference=REFERENCE, deepest=deepest, figures=figures, runs=runs)
+    points = list(dict.fromkeys(split_point(n)[0] for n in names))
+    suffix = lambda point: f"_{slug(point)}" if point else ""
+    figures = {"val_loss": {}, "max_weight_by_depth": {}, "routing": {}}
+    deepest = {}
+    for point in points:
+        here = [n for n in names if split_point(n)[0] == point]
+        file = f"val_loss{suffix(point)}.png"
+        if plot_val_loss(records, here, compare_dir / file):
+            figures["val_loss"][point] = file
+        summaries = {n: runs[n]["routing"] for n in here if runs[n]["routing"]}
+        file = f"max_weight_by_depth{suffix(point)}.png"
+        if plot_max_weight(summaries, compare_dir / file):
+            figures["max_weight_by_depth"][point] = file
+        for name, summary in summaries.items():
+            plot_routing(name, summary, compare_dir / f"routing_{slug(name)}.png")
+            figures["routing"][name] = f"routing_{slug(name)}.png"
+            deepest.setdefault(point, summary["deepest"])
+    results = dict(meta, seeds=list(seeds), reference=REFERENCE, points=points, deepest=deepest, figures=figures,
+                   commits=sorted({c for r in runs.values() for c in r["commits"]}), runs=runs)
+    if points != [""]:
+        plot_sweep(results, compare_dir / "sweep_val_loss.png")
+        figures["sweep_val_loss"] = "sweep_val_loss.png"
+        if deepest:
+            plot_sweep_max_weight(results, compare_dir / "sweep_max_weight.png")
+            figures["sweep_max_weight"] = "sweep_max_weight.png"
     (compare_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (compare_dir / "results.md").write_text(markdown(results, "") + "\n")
     if publish:
         publish = Path(publish)
         publish.mkdir(parents=True, exist_ok=True)
-        files = [figures.get("val_loss"), figures.get("max_weight_by_depth"), *figures["routing"].values()]
+        files = [figures.get("sweep_val_loss"), figures.get("sweep_max_weight"), *figures["val_loss"].values(),
+                 *figures["max_weight_by_depth"].values(), *figures["routing"].values()]
         for file in filter(None, files):
             shutil.copyfile(compare_dir / file, publish / file)
         shutil.copyfile(compare_dir / "results.json", publish / "results.json")
@@ -459,7 +632,8 @@ def write_results(compare_dir, records, names, seeds, meta, publish=None):
 
 def parse_args(argv):
     """(config file or None, compare's own options, the --key=value list for train.py)."""
-    config, options, passthrough = None, dict(runs="residual", seeds=3, publish=None), []
+    config, passthrough = None, []
+    options = dict(runs="residual", seeds=3, publish=None, sweep=None, jobs=1, report=False)
     for arg in argv:
         if arg in ("-h", "--help"):
             print(__doc__.strip())
@@ -470,19 +644,32 @@ def parse_args(argv):
             config = arg
             continue
         key, sep, value = arg[2:].partition("=")
+        if key == "report" and not sep:
+            options["report"] = True
+            continue
         if not sep:
             raise ValueError(f"{arg}: use --key=value")
-        if key in options:
-            if key == "seeds" and not value.isdigit():
-                raise ValueError(f"{arg}: the number of seeds is a positive integer")
-            options[key] = int(value) if key == "seeds" else value
+        if key in ("seeds", "jobs"):
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"{arg}: the number of {key} is a positive integer")
+            options[key] = int(value)
+        elif key == "sweep":
+            sweep_key, sep, values = value.partition("=")
+            values = [v for v in values.split(",") if v]
+            if not sep or not values:
+                raise ValueError(f"{arg}: use --sweep=key=value,value,... e.g. --sweep=n_layer=4,8,16")
+            if sweep_key in RUN_KEYS or sweep_key in ("seed", "out_dir"):
+                raise ValueError(f"--sweep: {sweep_key} cannot be swept (each run or --seeds sets it, or it is where the grid lives)")
+            options["sweep"] = (sweep_key, values)
+        elif key in options:
+            options[key] = value
         elif key in RUN_KEYS or key == "seed":
             raise ValueError(f"--{key} is set by each run; choose runs with --runs (e.g. --runs=delta/res_blocks=2,dlr/rank=16)"
                              if key != "seed" else "--seed: use --seeds=N, the runs use seeds 0..N-1")
         else:
             passthrough.append(arg)
-    if options["seeds"] < 1:
-        raise ValueError("--seeds must be at least 1")
+    if options["sweep"] and any(a[2:].partition("=")[0] == options["sweep"][0] for a in passthrough):
+        raise ValueError(f"--{options['sweep'][0]} is swept: give its values in --sweep only")
     return config, options, passthrough
 
 
@@ -497,10 +684,7 @@ def train_settings(config, passthrough):
         exec(Path(config).read_text(), {}, settings)
     for arg in passthrough:
         key, _, value = arg[2:].partition("=")
-        try:
-            settings[key] = value if isinstance(settings.get(key), str) else ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            settings[key] = value  # train.py will say what is wrong with it
+        settings[key] = value if isinstance(settings.get(key), str) else literal(value)  # train.py checks it
     return settings
 
 
@@ -515,26 +699,65 @@ def train_args(config, run_dir, seed, name, passthrough):
     return [a for a in train_command(config, run_dir, seed, name, passthrough)[2:] if not a.startswith("--out_dir=")]
 
 
-def train(cmd, run_dir):
-    """Run train.py, its output in run_dir/train.log; the wall time in seconds. A failure ends the grid."""
+def run_env(jobs):
+    """The train.py processes' environment: this one's, with one torch thread each when several run at
+    once on a machine's cores (unless OMP_NUM_THREADS says otherwise)."""
+    env = dict(os.environ)
+    if jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def launch(cmd, run_dir, env):
+    """Start train.py, its output in run_dir/train.log."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
     with open(run_dir / "train.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def failure(cmd, run_dir, rc):
+    tail = (run_dir / "train.log").read_text().splitlines()[-15:]
+    return RuntimeError(f"train.py failed (exit code {rc}); the end of {run_dir / 'train.log'}:\n  " + "\n  ".join(tail)
+                        + f"\ncommand: {' '.join(cmd)}")
+
+
+def train(cmd, run_dir, env=None):
+    """Run train.py to the end; the wall time in seconds. A failure ends the grid."""
+    t0 = time.time()
+    rc = launch(cmd, run_dir, env).wait()
     if rc != 0:
-        tail = (run_dir / "train.log").read_text().splitlines()[-15:]
-        raise RuntimeError(f"train.py failed (exit code {rc}); the end of {run_dir / 'train.log'}:\n  " + "\n  ".join(tail)
-                           + f"\ncommand: {' '.join(cmd)}")
+        raise failure(cmd, run_dir, rc)
     return time.time() - t0
 
 
-def estimate_run_s(config, name, passthrough, settings):
+def finish_time(running_left, queued, jobs):
+    """Seconds until the last run ends: the running runs' remaining times, then each queued run (in
+    order) on whichever of the jobs slots frees first."""
+    slots = sorted(list(running_left) + [0.0] * (jobs - len(running_left)))
+    for seconds in queued:
+        heapq.heappush(slots, heapq.heappop(slots) + seconds)
+    return max(slots, default=0.0)
+
+
+def publish_run(run_dir, dest):
+    """A finished run into the published folder: its train_args.json and its log.jsonl without the
+    per-iteration `train` lines (what compare.py reads: the start, evals and done; a few KB, not MB)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run_dir / "train_args.json", dest / "train_args.json")
+    kept = [line for line in (run_dir / "log.jsonl").read_text().splitlines() if '"event": "train"' not in line]
+    tmp = dest / "log.jsonl.tmp"
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(dest / "log.jsonl")  # a published log is whole or absent: its `done` line means finished
+
+
+def estimate_run_s(config, name, passthrough, env):
     """Seconds for one run, from a PROBE_ITERS-iteration timing run of train.py: its startup, plus
     max_iters training steps at the measured ms/iter, plus the evals (a forward costs ~1/3 of a step)."""
+    settings = train_settings(config, passthrough + [f"--{k}={v}" for k, v in run_settings(name).items()])
     with tempfile.TemporaryDirectory() as tmp:
         probe = [f"--max_iters={PROBE_ITERS}", f"--eval_interval={PROBE_ITERS}", "--eval_iters=1", "--log_interval=1"]
         cmd = train_command(config, tmp, 0, name, passthrough + probe)
-        wall = train(cmd, Path(tmp))
+        wall = train(cmd, Path(tmp), env)
         ms = [e["ms_per_iter"] for e in read_log(tmp) if e.get("event") == "train"][1:]  # the first step warms up
     step_s = statistics.median(ms) / 1000 if ms else wall / PROBE_ITERS
     max_iters, eval_interval, eval_iters = (settings[k] for k in ("max_iters", "eval_interval", "eval_iters"))
@@ -547,8 +770,8 @@ def hms(seconds):
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def machine():
-    """A line about this computer for results.md: CPU (or GPU), cores, torch version."""
+def machine(env, jobs):
+    """A line about this computer for results.md: CPU (or GPU), cores, torch threads per run, torch version."""
     import torch
     cpu = platform.processor() or platform.machine()
     try:
@@ -556,21 +779,34 @@ def machine():
     except (OSError, StopIteration):
         pass
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    threads = torch.get_num_threads()  # what train.py gets too: it inherits OMP_NUM_THREADS
-    return f"{cpu} ({os.cpu_count()} cores, torch on {threads} thread{'s' * (threads > 1)}){gpu}, torch {torch.__version__}"
+    threads = int(env.get("OMP_NUM_THREADS") or torch.get_num_threads())  # what each train.py gets
+    runs = f", {jobs} runs at a time" if jobs > 1 else ""
+    return (f"{cpu} ({os.cpu_count()} cores, torch on {threads} thread{'s' * (threads > 1)}{runs}){gpu}, "
+            f"torch {torch.__version__}")
 
 
 def main(argv):
     config, options, passthrough = parse_args(argv)
     settings = train_settings(config, passthrough)
-    names = select_runs(options["runs"])
+    sweep, jobs, publish = options["sweep"], options["jobs"], options["publish"]
+    if sweep and sweep[0] not in settings:
+        raise ValueError(f"--sweep: {sweep[0]} is not a train.py key (python train.py --help lists them)")
+    names = select_runs(options["runs"], sweep)
     seeds = list(range(options["seeds"]))
     compare_dir = Path(settings["out_dir"]) / "compare"
     runs_dir = compare_dir / "runs"
     passthrough = [a for a in passthrough if not a.startswith("--out_dir=")]
+    env = run_env(jobs)
 
-    # seed-major order: after the first round every run has one paired seed, and the table is already meaningful
-    plan = [(name, seed) for seed in seeds for name in names]
+    # value by value, seed by seed: each value's comparison completes before the next (costlier) one starts
+    points = list(dict.fromkeys(split_point(n)[0] for n in names))
+    plan = [(n, seed) for pt in points for seed in seeds for n in names if split_point(n)[0] == pt]
+    if publish:  # a run finished elsewhere and published is taken as it is, never trained twice
+        for name, seed in plan:
+            local, published = runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}"
+            if not finished(read_log(local)) and finished(read_log(published)):
+                shutil.rmtree(local, ignore_errors=True)
+                shutil.copytree(published, local)
     todo = [(n, s) for n, s in plan if not finished(read_log(runs_dir / n / f"seed{s}"))]
     for name, seed in plan:  # a run that finished with other train.py arguments would not be comparable
         run_dir = runs_dir / name / f"seed{seed}"
@@ -581,7 +817,9 @@ def main(argv):
                 raise ValueError(f"{run_dir} finished with other train.py arguments:\n  {' '.join(old)}\nnot\n  "
                                  f"{' '.join(new)}\nuse another --out_dir, or delete {run_dir} to retrain it")
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
-          f"{len(todo)} to train", flush=True)
+          f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
+    if options["report"]:
+        todo = []
 
     # expected time: finished runs' times where there are some, else a short timing probe of train.py
     known = {}
@@ -592,33 +830,54 @@ def main(argv):
     estimate = {n: statistics.fmean(t) for n, t in known.items()}
     for name in dict.fromkeys(n for n, _ in todo):
         if name not in estimate:
-            estimate[name] = estimate_run_s(config, name, passthrough, settings)
+            estimate[name] = estimate_run_s(config, name, passthrough, env)
             print(f"  timing probe ({PROBE_ITERS} iterations): {name} ~{hms(estimate[name])} per run", flush=True)
     if todo:
         source = " and ".join(filter(None, ["finished runs" * bool(known), "timing probes" * (len(known) < len(estimate))]))
-        print(f"expected time: ~{hms(sum(estimate[n] for n, _ in todo))} (from {source}; updated after every run)", flush=True)
+        eta = finish_time([], [estimate[n] for n, _ in todo], jobs)
+        print(f"expected time: ~{hms(eta)} (from {source}; updated after every run)", flush=True)
 
-    measured = {}
-    for i, (name, seed) in enumerate(todo, 1):
-        run_dir = runs_dir / name / f"seed{seed}"
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # an unfinished run starts over: a resumed one might not see the same batches
-        cmd = train_command(config, run_dir, seed, name, passthrough)
-        run_dir.mkdir(parents=True)
-        (run_dir / "train_args.json").write_text(json.dumps(train_args(config, run_dir, seed, name, passthrough)) + "\n")
-        wall = train(cmd, run_dir)
-        measured.setdefault(name, []).append(wall)
-        estimate[name] = statistics.fmean(measured[name])
-        val = finished(read_log(run_dir))["val_loss"]
-        eta = sum(estimate[n] for n, _ in todo[i:])
-        print(f"[{i}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)
+    # up to `jobs` train.py processes at once; a failure lets the others finish, then ends the grid
+    queue, running, measured, errors, n_done = list(todo), {}, {}, [], 0
+    while queue or running:
+        while queue and len(running) < jobs and not errors:
+            name, seed = queue.pop(0)
+            run_dir = runs_dir / name / f"seed{seed}"
+            if run_dir.exists():
+                shutil.rmtree(run_dir)  # an unfinished run starts over: a resumed one might not see the same batches
+            cmd = train_command(config, run_dir, seed, name, passthrough)
+            run_dir.mkdir(parents=True)
+            (run_dir / "train_args.json").write_text(json.dumps(train_args(config, run_dir, seed, name, passthrough)) + "\n")
+            running[(name, seed)] = (launch(cmd, run_dir, env), cmd, time.time())
+        time.sleep(0.2)
+        for (name, seed), (proc, cmd, t0) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[(name, seed)]
+            run_dir = runs_dir / name / f"seed{seed}"
+            if proc.returncode != 0:
+                errors.append(failure(cmd, run_dir, proc.returncode))
+                continue
+            wall = time.time() - t0
+            measured.setdefault(name, []).append(wall)
+            estimate[name] = statistics.fmean(measured[name])
+            if publish:
+                publish_run(run_dir, Path(publish) / "runs" / name / f"seed{seed}")
+            n_done += 1
+            now = time.time()
+            eta = finish_time([max(estimate[n] - (now - t), 0) for (n, _), (_, _, t) in running.items()],
+                              [estimate[n] for n, _ in queue] if not errors else [], jobs)
+            val = finished(read_log(run_dir))["val_loss"]
+            print(f"[{n_done}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)
+    if errors:
+        raise errors[0]
 
     records = load_records(runs_dir, names, seeds)
-    command = "python compare.py " + " ".join(argv)
+    command = "python compare.py " + " ".join(a for a in argv if a != "--report")  # the command that trains them
+    max_iters = settings["max_iters"] if not sweep or sweep[0] != "max_iters" else "/".join(sweep[1])
     results = write_results(compare_dir, records, names, seeds,
-                            dict(command=command, machine=machine(), max_iters=settings["max_iters"]),
-                            options["publish"])
-    print(f"wrote {compare_dir / 'results.md'}" + (f" and {options['publish']}/" if options["publish"] else ""))
+                            dict(command=command, machine=machine(env, jobs), max_iters=max_iters), publish)
+    print(f"wrote {compare_dir / 'results.md'}" + (f" and {publish}/" if publish else ""))
     print(table(results))
     return results
 

@@ -36,6 +36,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     residual: str = "standard"  # standard | attnres | delta | rd
     res_blocks: int = 0  # routing blocks: 0 = one per sublayer, else a divisor of 2 * n_layer
+    fixed_value_route: bool = False  # rd only: the value pseudo-queries stay zero (a uniform value route)
     lowrank_rank: int = 0  # 0 = dense linears, r > 0 = W = B A with rank r
     lowrank_act: str = "silu"  # activation between A and B: silu | identity
     dlr: bool = False  # add the Duplicated Latent Residual to every low-rank linear
@@ -54,6 +55,8 @@ class GPTConfig:
         n_sub = 2 * self.n_layer
         need(isinstance(self.res_blocks, int) and self.res_blocks >= 0 and (self.res_blocks == 0 or n_sub % self.res_blocks == 0),
              "res_blocks", f"use 0 (per sublayer) or a divisor of 2 * n_layer = {n_sub}")
+        need(not self.fixed_value_route or self.residual == "rd", "fixed_value_route",
+             "only rd has a value route: set residual=rd or fixed_value_route=False")
         need(isinstance(self.lowrank_rank, int) and 0 <= self.lowrank_rank <= self.n_embd, "lowrank_rank",
              f"use 0 (dense) or a rank in 1..n_embd={self.n_embd}")
         need(self.lowrank_act in LOWRANK_ACTIVATIONS, "lowrank_act", f"use one of {', '.join(LOWRANK_ACTIVATIONS)}")
@@ -231,6 +234,8 @@ class Block(nn.Module):
             self.mlp_res_query = nn.Parameter(torch.zeros(config.n_embd))
         if config.residual == "rd":
             self.attn_res_query_v = nn.Parameter(torch.zeros(config.n_embd))  # starts equal to attn_res_query
+            # the RD paper's control: a value route that never learns reads a uniform mix of its sources
+            self.attn_res_query_v.requires_grad_(not config.fixed_value_route)
 
     def attn_sublayer(self, x, x_v=None, cache=None):
         return self.attn(self.ln_1(x), None if x_v is None else self.ln_1(x_v), cache)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
+from common import provenance
 from checkpoint import GPT2_CONFIGS, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
 from download import DownloadError
 from model import GPT, GPTConfig, routing_summary
@@ -57,6 +58,7 @@ bias = True  # biases in Linears and LayerNorms, like GPT-2
 vocab_size = 0  # 0: the dataset's vocabulary, rounded up to a multiple of 64
 residual = "delta"  # standard | attnres | delta | rd
 res_blocks = 0  # routing blocks: 0 = per sublayer, else a divisor of 2 * n_layer
+fixed_value_route = False  # rd only: the value pseudo-queries never train (stay zero: a uniform value route)
 lowrank_rank = 0  # 0 = dense linears, r > 0 = low-rank W = B A of rank r
 lowrank_act = "silu"  # activation between A and B: silu | identity
 dlr = False  # Duplicated Latent Residual on every low-rank linear
@@ -387,6 +389,8 @@ if master:
             f.truncate(log_bytes)
     elif init_from != "resume":
         log_path.unlink(missing_ok=True)
+# the first line says which code, machine and settings made the run (a resume adds one for its own start)
+log_event(event="start" if init_from != "resume" else "resume", iter=iter_num, **provenance(device), config=config)
 
 # -----------------------------------------------------------------------------
 # training loop
