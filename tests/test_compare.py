@@ -26,10 +26,10 @@ def tiny_config(**overrides):
     return GPTConfig(**cfg)
 
 
-def routing_of(residual, res_blocks=0, seed=0):
+def routing_of(residual, res_blocks=0, seed=0, n_layer=2):
     """A real model.last_routing of a routed mode, with random (so non-uniform) pseudo-queries."""
     torch.manual_seed(seed)
-    model = GPT(tiny_config(residual=residual, res_blocks=res_blocks))
+    model = GPT(tiny_config(residual=residual, res_blocks=res_blocks, n_layer=n_layer))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "res_query" in name:
@@ -38,10 +38,10 @@ def routing_of(residual, res_blocks=0, seed=0):
     return model.last_routing
 
 
-def write_log(run_dir, val_losses, routing=None, done=True, elapsed_s=10.0):
-    """A log.jsonl as train.py writes it: evals at iters 0, 10, 20, ... with the given val losses."""
+def write_log(run_dir, val_losses, routing=None, done=True, elapsed_s=10.0, commit="c0ffee"):
+    """A log.jsonl as train.py writes it: the start event, evals at iters 0, 10, 20, ... with the given val losses."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    events = []
+    events = [{"event": "start", "iter": 0, "commit": commit, "dirty": False, "config": {}}]
     for i, v in enumerate(val_losses):
         events.append({"event": "train", "iter": 10 * i, "loss": v + 0.1, "lr": 1e-3, "ms_per_iter": 5.0})
         ev = {"event": "eval", "iter": 10 * i, "train_loss": v - 0.05, "val_loss": v}
@@ -66,6 +66,46 @@ def test_run_names_round_trip():
     for bad in ("resnet", "lowrank", "attnres/res_blocks=x", "standard/res_blocks=4", "delta/depth=3"):
         with pytest.raises(ValueError):
             compare.run_settings(bad)
+
+
+def test_sweep_names_and_pairing_per_value():
+    """A sweep runs the grid at every value, the reference included; a name with a value runs there only;
+    each run is paired with the standard run and its papers' parent at its own value."""
+    sweep = ("n_layer", ["1", "2"])
+    names = compare.select_runs("rd,delta/res_blocks=0,n_layer=2/rd_fixedv", sweep)
+    assert names == ["n_layer=1/standard", "n_layer=1/rd/res_blocks=0", "n_layer=1/delta/res_blocks=0",
+                     "n_layer=2/standard", "n_layer=2/rd/res_blocks=0", "n_layer=2/delta/res_blocks=0",
+                     "n_layer=2/rd_fixedv/res_blocks=0"]
+    assert compare.run_settings("n_layer=2/rd_fixedv/res_blocks=0") == dict(
+        n_layer=2, residual="rd", res_blocks=0, fixed_value_route=True, lowrank_rank=0, dlr=False)
+    assert compare.run_name(compare.run_settings("rd_fixedv/res_blocks=4")) == "rd_fixedv/res_blocks=4"
+    assert compare.references("n_layer=2/rd_fixedv/res_blocks=0", names) == ["n_layer=2/standard", "n_layer=2/rd/res_blocks=0"]
+    assert compare.references("n_layer=1/delta/res_blocks=0", names) == ["n_layer=1/standard"]  # no attnres in this grid
+    full = compare.select_runs("depth", ("n_layer", ["4", "8", "16"]))
+    assert compare.references("n_layer=16/rd/res_blocks=4", full) == ["n_layer=16/standard", "n_layer=16/attnres/res_blocks=4"]
+    assert compare.references("n_layer=8/delta/res_blocks=0", full) == ["n_layer=8/standard", "n_layer=8/attnres/res_blocks=0"]
+    assert len(full) == 16 and compare.slug("n_layer=8/rd/res_blocks=0") == "n_layer8_rd_res_blocks0"
+    with pytest.raises(ValueError, match="--sweep"):
+        compare.select_runs("n_layer=2/rd")  # a value without a sweep
+    with pytest.raises(ValueError, match="does not have"):
+        compare.select_runs("n_layer=3/rd", sweep)
+    with pytest.raises(ValueError, match="cannot be swept"):
+        compare.parse_args(["--sweep=residual=attnres,delta"])
+    with pytest.raises(ValueError, match="is swept"):
+        compare.parse_args(["--sweep=n_layer=2,4", "--n_layer=3"])
+    with pytest.raises(ValueError, match="not a train.py key"):
+        compare.main(["--sweep=n_layers=2,4", "--report"])
+
+
+def test_eta_and_threads_with_jobs(monkeypatch):
+    """The ETA schedules the queue on the free slots; several jobs run on one torch thread each unless told."""
+    assert compare.finish_time([], [10, 10, 10, 10], 2) == 20
+    assert compare.finish_time([5], [10, 10], 2) == 15  # 5 -> 15 on one slot, 0 -> 10 on the other
+    assert compare.finish_time([], [10, 20, 30], 1) == 60
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert compare.run_env(2)["OMP_NUM_THREADS"] == "1" and "OMP_NUM_THREADS" not in compare.run_env(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert compare.run_env(2)["OMP_NUM_THREADS"] == "3"
 
 
 def test_run_settings_are_not_command_line_options():
@@ -141,6 +181,55 @@ def test_aggregate_synthetic_grid(tmp_path):
     published = (tmp_path / "docs" / "compare" / "results.md").read_text()
     assert f"]({(tmp_path / 'docs' / 'compare').as_posix()}/val_loss.png)" in published
     assert (tmp_path / "docs" / "compare" / "routing_rd_res_blocks0.png").exists()
+
+
+def test_papers_comparisons_on_a_synthetic_sweep(tmp_path):
+    """rd and delta are paired with attnres at the same res_blocks and value, rd_fixedv with rd and attnres;
+    the sweep table and pictures come from those pairs; each run's settings record its value; commits."""
+    runs = tmp_path / "compare" / "runs"
+    sweep = ("n_layer", ["2", "4"])
+    names = compare.select_runs("attnres,delta,rd,n_layer=4/rd_fixedv", sweep)
+    finals = {"standard": [2.00, 2.10, 2.05], "attnres/res_blocks=0": [1.98, 2.06, 2.04],
+              "delta/res_blocks=0": [1.95, 2.05, 2.00], "rd/res_blocks=0": [1.96, 2.03, 2.01],
+              "rd_fixedv/res_blocks=0": [1.97, 2.05, 2.02]}
+    for name in names:
+        point, kind = compare.split_point(name)
+        n_layer = int(point.split("=")[1])
+        shift = 0.1 * (n_layer == 4)  # the deeper grid has other losses: pairs must stay within a value
+        for seed in range(3):
+            mode = compare.run_settings(name)["residual"]
+            routing = routing_of(mode, seed=seed, n_layer=n_layer) if mode != "standard" else None
+            write_log(runs / name / f"seed{seed}", [4.0, finals[kind][seed] - shift], routing,
+                      commit="abc" if seed else "def")
+    results = compare.write_results(tmp_path / "compare", compare.load_records(runs, names, range(3)), names, range(3),
+                                    dict(command="python compare.py test", machine="test", max_iters=10))
+    r = results["runs"]
+    diff = lambda run, ref: [a - b for a, b in zip(finals[run], finals[ref])]
+    for point in ("n_layer=2", "n_layer=4"):
+        rd, delta = r[f"{point}/rd/res_blocks=0"]["paired"], r[f"{point}/delta/res_blocks=0"]["paired"]
+        assert set(rd) == {f"{point}/standard", f"{point}/attnres/res_blocks=0"}
+        assert rd[f"{point}/attnres/res_blocks=0"]["diff_nats"] == pytest.approx(diff("rd/res_blocks=0", "attnres/res_blocks=0"))
+        assert rd[f"{point}/attnres/res_blocks=0"]["wins"] == 3
+        assert delta[f"{point}/attnres/res_blocks=0"]["diff_nats"] == pytest.approx(diff("delta/res_blocks=0", "attnres/res_blocks=0"))
+        assert delta[f"{point}/standard"]["diff_nats"] == pytest.approx(diff("delta/res_blocks=0", "standard"))
+    fixed = r["n_layer=4/rd_fixedv/res_blocks=0"]
+    assert fixed["settings"]["n_layer"] == 4 and fixed["settings"]["fixed_value_route"] is True
+    assert fixed["paired"]["n_layer=4/rd/res_blocks=0"]["diff_nats"] == pytest.approx(diff("rd_fixedv/res_blocks=0", "rd/res_blocks=0"))
+    assert fixed["paired"]["n_layer=4/rd/res_blocks=0"]["wins"] == 0
+    assert list(fixed["paired"]) == ["n_layer=4/standard", "n_layer=4/rd/res_blocks=0", "n_layer=4/attnres/res_blocks=0"]
+    assert r["n_layer=2/standard"]["settings"]["n_layer"] == 2 and results["points"] == ["n_layer=2", "n_layer=4"]
+    assert results["commits"] == ["abc", "def"] and r["n_layer=2/standard"]["commits"] == ["abc", "def"]
+    assert results["deepest"] == {"n_layer=2": "L1.mlp", "n_layer=4": "L3.mlp"}
+    md = (tmp_path / "compare" / "results.md").read_text()
+    p = lambda run, ref: compare.paired(dict(enumerate(finals[run])), dict(enumerate(finals[ref])))
+    cell = lambda q: f"{q['diff_nats_mean']:+.3f} ± {q['diff_nats_std']:.3f} ({q['wins']}/3)"
+    row = p("rd/res_blocks=0", "attnres/res_blocks=0")
+    assert f"| rd/res_blocks=0 | attnres/res_blocks=0 | {cell(row)} | {cell(row)} |" in md
+    row = p("rd_fixedv/res_blocks=0", "rd/res_blocks=0")
+    assert f"| rd_fixedv/res_blocks=0 | rd/res_blocks=0 |  | {cell(row)} |" in md
+    for f in ("sweep_val_loss.png", "sweep_max_weight.png", "val_loss_n_layer2.png", "val_loss_n_layer4.png",
+              "max_weight_by_depth_n_layer4.png", "routing_n_layer4_rd_fixedv_res_blocks0.png"):
+        assert (tmp_path / "compare" / f).stat().st_size > 0, f
 
 
 def test_partial_grid_reports_what_exists(tmp_path):
@@ -274,3 +363,36 @@ def test_tiny_grid_end_to_end(tmp_path, dataset, capsys, monkeypatch):
     assert "3 done, 1 to train" in out and "[1/1] delta/res_blocks=0 seed1" in out and "timing probe" not in out
     assert {p: p.stat().st_mtime_ns for p in kept} == kept
     assert results2["runs"]["delta/res_blocks=0"]["val_loss"] == pytest.approx(r["delta/res_blocks=0"]["val_loss"])
+
+
+def test_sweep_jobs_and_published_runs_end_to_end(tmp_path, dataset, capsys, monkeypatch):
+    """A sweep through train.py: --jobs=2 gives the very val losses of --jobs=1 (one thread each: the same
+    arithmetic); its published logs let a fresh out_dir finish the grid without training anything; the
+    fixed value route trains as a uniform route."""
+    for k, v in ONE_THREAD.items():
+        monkeypatch.setenv(k, v)
+    grid = ["--runs=rd_fixedv", "--sweep=n_layer=1,2", "--seeds=1", f"--dataset={dataset}",
+            *[a for a in TINY if not a.startswith("--n_layer")], "--max_iters=4", "--eval_interval=2", "--eval_iters=1"]
+    published = tmp_path / "published"
+    two = compare.main([f"--out_dir={tmp_path / 'two'}", "--jobs=2", f"--publish={published}", *grid])
+    assert "4 to train, 2 at a time" in capsys.readouterr().out
+    one = compare.main([f"--out_dir={tmp_path / 'one'}", *grid])
+    names = ["n_layer=1/standard", "n_layer=1/rd_fixedv/res_blocks=0", "n_layer=2/standard", "n_layer=2/rd_fixedv/res_blocks=0"]
+    assert list(two["runs"]) == list(one["runs"]) == names
+    for name in names:
+        assert two["runs"][name]["val_loss"] == one["runs"][name]["val_loss"]  # bit for bit
+    args = json.loads((tmp_path / "two/compare/runs/n_layer=2/rd_fixedv/res_blocks=0/seed0/train_args.json").read_text())
+    assert "--n_layer=2" in args and "--fixed_value_route=True" in args
+    weights = two["runs"]["n_layer=2/rd_fixedv/res_blocks=0"]["routing"]["weights"]
+    assert weights["L1.attn.v"] == pytest.approx([1 / 3] * 3, abs=1e-6)  # emb, L0.attn, L0.mlp: uniform
+    assert weights["L1.attn"] != pytest.approx([1 / 3] * 3, abs=1e-6)
+
+    # the published logs: no per-iteration lines, the start event with its commit; a fresh out_dir takes them
+    log = (published / "runs" / names[3] / "seed0" / "log.jsonl").read_text()
+    assert '"event": "train"' not in log and '"event": "start"' in log and '"event": "done"' in log
+    capsys.readouterr()
+    fresh = compare.main([f"--out_dir={tmp_path / 'fresh'}", "--jobs=2", f"--publish={published}", *grid])
+    assert "4 done, 0 to train" in capsys.readouterr().out
+    assert not list((tmp_path / "fresh").rglob("train.log"))
+    assert {n: r["val_loss"] for n, r in fresh["runs"].items()} == {n: r["val_loss"] for n, r in two["runs"].items()}
+    assert (published / "sweep_val_loss.png").exists() and "n_layer=2" in (published / "results.md").read_text()

@@ -120,6 +120,36 @@ def test_rd_tied_equals_attnres(res_blocks, linear):
     assert max_diff(all_logits(rd, idx), all_logits(attnres, idx)) > 1e-10  # rounding here is ~1e-15
 
 
+@pytest.mark.parametrize("res_blocks", [0, 3])
+def test_fixed_value_route_starts_as_rd_and_keeps_uniform_values(res_blocks):
+    """The RD paper's control: at init it computes exactly what rd computes (same seed, same weights);
+    under training its value pseudo-queries stay zero (V reads a uniform mix) while the other queries move."""
+    torch.manual_seed(0)
+    rd = GPT(tiny_config(residual="rd", res_blocks=res_blocks))
+    torch.manual_seed(0)
+    fixed = GPT(tiny_config(residual="rd", res_blocks=res_blocks, fixed_value_route=True))
+    idx = batch()
+    assert torch.equal(all_logits(fixed, idx), all_logits(rd, idx))
+    opt = fixed.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    for step in range(3):
+        _, loss = fixed(batch(step), batch(step + 10))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    queries, counts = fixed.route_queries().detach(), fixed.route_source_counts()
+    for name, w, m in zip(fixed.route_names(), queries, counts):
+        if name.endswith(".v"):
+            assert torch.all(w == 0), name
+        elif m > 1:  # a route over one source has a constant softmax: its query gets no gradient
+            assert w.abs().max() > 1e-3, name
+    assert all(block.attn_res_query_v.grad is None for block in fixed.transformer.h)
+    with torch.no_grad():
+        fixed(idx, collect_routing=True)
+    for name, stats in fixed.last_routing.items():
+        if name.endswith(".v"):  # a zero query: every source weighs exactly 1/m
+            assert stats["weights"] == pytest.approx([1 / stats["sources"]] * stats["sources"], abs=1e-6)
+
+
 @pytest.mark.parametrize("linear", ["dense", "dlr"])
 @pytest.mark.parametrize("mode", ROUTED)
 def test_res_blocks_2L_equals_per_sublayer(mode, linear):
@@ -453,6 +483,7 @@ def test_cached_forward_matches_full_forward():
     ({"lowrank_rank": -2}, "lowrank_rank"),
     ({"lowrank_act": "relu", "lowrank_rank": 4}, "lowrank_act"),
     ({"dlr": True}, "dlr"),
+    ({"fixed_value_route": True, "residual": "attnres"}, "fixed_value_route"),
     ({"n_embd": 33}, "n_embd"),
     ({"dropout": 1.5}, "dropout"),
 ])
