@@ -1,16 +1,19 @@
 """
-Checkpoints: written atomically, read with clear errors, and loaded into any residual mode.
+Checkpoints: written atomically and durably, read safely with clear errors, and loaded into any residual mode.
 
 A checkpoint is a dict saved with torch.save, with nanoGPT's keys:
     model          the model's state_dict
     model_args     the GPTConfig fields (a dict)
     optimizer, iter_num, best_val_loss, config (the training config), and whatever else
     train.py needs to resume exactly (RNG states, data position).
+It holds plain data only (tensors, numbers, strings, None, lists, tuples, dicts), so it is read with
+torch.load(weights_only=True): a file that holds anything else is refused before any of it runs.
 
 OpenAI's GPT-2 weights (Hugging Face's model.safetensors) load the same way: load_gpt2.
 """
 
 import os
+import pickle
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,30 +21,40 @@ import torch
 
 from download import download
 from model import GPT, GPTConfig
+from shards import write_atomic
 
 
 def save_checkpoint(obj, path):
-    """torch.save to a temporary file next to path, then rename: an interrupted save never leaves a
-    file that looks complete, and the previous checkpoint survives until the new one is whole."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save through shards.write_atomic: an interrupted save or a power cut never leaves a
+    file that looks complete, and the previous checkpoint survives until the new one is on disk."""
+    write_atomic(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path, map_location="cpu"):
-    """The checkpoint dict at path, or a one-line error that says what to do."""
+    """The checkpoint dict at path, or a one-line error that says what to do. Checkpoints are shared,
+    and unpickling an arbitrary object can run any code: only plain data is let through."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py --out_dir={path.parent})")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:  # the safe unpickler met a class or function: refused before it ran
+        raise ValueError(f"{path} holds objects a checkpoint must not hold{_unsafe_globals(path)}, so it was not "
+                         "loaded and nothing in it ran: use a checkpoint written by train.py or fold.py") from None
     except Exception as e:  # truncated or not a torch file
         raise ValueError(f"cannot read checkpoint {path} ({type(e).__name__}: {e}); it is damaged, retrain or restore it") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise ValueError(f"{path} is not a checkpoint of this project (no 'model' and 'model_args' keys)")
     return ckpt
+
+
+def _unsafe_globals(path):
+    # " (builtins.exec, ...)": the names the file would import, read without unpickling; "" if unknown
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # the legacy (pre-zip) format cannot be listed
+        return ""
+    return f" ({', '.join(names)})" if names else ""
 
 
 def clean_state_dict(state_dict):

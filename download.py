@@ -7,17 +7,23 @@ The bytes stream into dest + ".part" with a progress line on stderr. A dropped
 connection is resumed with an HTTP Range request (or restarted, if the server ignores
 Range); timeouts, dropped connections and 5xx answers are retried with exponential
 backoff; 4xx answers fail at once. Only when the file has the length the server
-announced is it renamed to dest. Every expected failure is a DownloadError with a
-one-line message that says what to do.
+announced is it renamed (durably: shards.durable_replace) to dest. Where the server
+publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
+shards), the bytes must match it too, or they are fetched again; the verified hash is
+kept in dest + ".sha256" (sha256sum's format). Every expected failure is a
+DownloadError with a one-line message that says what to do.
 """
 
-import os
+import hashlib
+import re
 import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
+
+from shards import durable_replace, write_atomic
 
 CHUNK_BYTES = 1 << 16  # a read cut short by a dropped connection is lost, so keep reads small
 
@@ -38,6 +44,31 @@ def _content_range(value):
         return int(span.split("-", 1)[0]), (None if total == "*" else int(total))
     except (AttributeError, ValueError):
         return None, None
+
+
+def _published_sha256(response):
+    """The file's sha256 as the server published it, or None. Hugging Face's resolve URLs redirect
+    with the LFS file's sha256 in X-Linked-ETag and ETag; requests follows the redirect, so look
+    through its history too. Other ETags (an md5, a git sha1, an opaque or weak tag) are no sha256:
+    only a strong tag of 64 hex digits counts."""
+    for r in (*response.history, response):
+        for header in ("X-Linked-ETag", "ETag"):
+            tag = r.headers.get(header, "").strip('"').lower()
+            if re.fullmatch("[0-9a-f]{64}", tag):
+                return tag
+    return None
+
+
+def _check_sha256(part, sha256):
+    """Raise _Retry, deleting part, if its bytes do not hash to sha256: a file of the right length
+    with the wrong bytes (a bad proxy, a flipped bit on disk) must not look finished."""
+    digest = hashlib.sha256()
+    with open(part, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
+        part.unlink()
+        raise _Retry(f"the bytes received do not match the sha256 the server published ({sha256[:12]}...)")
 
 
 def _reason(exc):
@@ -77,7 +108,8 @@ class _Progress:
 
 
 def _attempt(url, part, timeout, desc, quiet):
-    """One GET that appends to part (resuming it if it has bytes); raises _Retry if part is not complete after it."""
+    """One GET that appends to part (resuming it if it has bytes); raises _Retry if part is not complete
+    after it. Returns the sha256 the server published for the file, or None."""
     have = part.stat().st_size if part.exists() else 0
     # identity: a gzip-encoded body would not match Content-Length, nor resume by byte offset
     headers = {"Accept-Encoding": "identity"}
@@ -87,10 +119,11 @@ def _attempt(url, part, timeout, desc, quiet):
     try:
         with requests.get(url, headers=headers, stream=True, timeout=timeout) as r:
             answered = True
+            sha256 = _published_sha256(r)
             if r.status_code == 416:  # nothing left after `have`: either part is complete, or it is wrong
                 _, total = _content_range(r.headers.get("Content-Range", ""))
                 if total == have:
-                    return
+                    return sha256
                 part.unlink()
                 raise _Retry(f"the server rejected resuming at byte {have:,}; starting over")
             if r.status_code == 429 or r.status_code >= 500:
@@ -130,12 +163,15 @@ def _attempt(url, part, timeout, desc, quiet):
     if total is not None and size > total:
         part.unlink()
         raise _Retry(f"received {size:,} bytes, more than the {total:,} announced; starting over")
+    return sha256
 
 
 def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expected_size=None, quiet=False):
     """
-    Fetch url into dest (a path); skip if dest already exists (the caller validates its content).
-    retries: attempts after the first; retry k (1, 2, ..) first waits backoff * 2**(k-1) seconds.
+    Fetch url into dest (a path); skip if dest already exists (the caller validates its content;
+    dest + ".sha256", if there, is the hash it was verified against).
+    retries: attempts after the first, for a failed transfer or bytes that do not match the
+    published sha256; retry k (1, 2, ..) first waits backoff * 2**(k-1) seconds.
     expected_size: if given, the final byte count must match it.
     Returns dest as a Path; raises DownloadError with a one-line message.
     """
@@ -144,8 +180,10 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    record = dest.with_name(dest.name + ".sha256")
     desc = desc or dest.name
     problem = None  # why the last attempt failed
+    sha256 = None  # the file's hash, if the server published one
     for attempt in range(retries + 1):
         if attempt:
             delay = backoff * 2 ** (attempt - 1)
@@ -153,7 +191,9 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
                 print(f"{desc}: {problem}; retrying in {delay:g} s ({attempt}/{retries})", file=sys.stderr)
             time.sleep(delay)
         try:
-            _attempt(url, part, timeout, desc, quiet)
+            sha256 = _attempt(url, part, timeout, desc, quiet) or sha256
+            if sha256:
+                _check_sha256(part, sha256)
             break
         except _Retry as e:
             problem = str(e)
@@ -165,5 +205,10 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
     if expected_size is not None and size != expected_size:
         part.unlink()
         raise DownloadError(f"{url} has {size:,} bytes, expected {expected_size:,}: the file on the server differs; pass --url for a mirror")
-    os.replace(part, dest)
+    # the record first: whenever dest exists, a .sha256 next to it is dest's own
+    if sha256:
+        write_atomic(record, lambda f: f.write(f"{sha256}  {dest.name}\n".encode()))
+    else:
+        record.unlink(missing_ok=True)
+    durable_replace(part, dest)
     return dest

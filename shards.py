@@ -9,12 +9,14 @@ FineWeb shards work here as they are. A dataset is a folder holding
 how to decode the tokens (tokenizer, vocab_size) and how many there are.
 
 API:
-    write_shard(path, tokens)          atomic write of one shard
+    write_shard(path, tokens)          atomic, durable write of one shard
     read_shard(path) -> np.ndarray     uint16 tokens (memory-mapped), after validation
     find_shards(data_dir, split)       sorted shard paths of "train" or "val"
     write_meta(data_dir, meta) / load_meta(data_dir)
     get_tokenizer(name)                "bytes" or "gpt2": .encode .decode .vocab_size .eot
     ShardError                         a bad or missing file; the message says how to fix it
+    write_atomic(path, write)          the atomic, durable file writer (checkpoints use it too)
+    durable_replace(src, dst)          its rename, fsynced (finished downloads use it)
 """
 
 import json
@@ -47,18 +49,35 @@ def _remedy(path):
     return f"delete it and run `{command}` again"
 
 
-def _atomic_write(path, write):
-    # write next to the target and rename: an interrupted run never leaves a file that looks complete
+def write_atomic(path, write):
+    """Call write(f) on a temporary file next to path, then durable_replace it onto path: an interrupted
+    run or a power cut leaves the old file or the new one under path, never part of one. A failure
+    removes the temporary file. Checkpoints, shards and meta.json are all written this way."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             write(f)
-        os.replace(tmp, path)
+        durable_replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def durable_replace(src, dst):
+    """os.replace(src, dst) that survives a power cut. A rename can reach the disk before the bytes it
+    names, and a power cut then leaves an empty file under dst: so src's bytes are fsynced first, and
+    the folder after, so that the rename itself is on disk when this returns."""
+    with open(src, "ab") as f:  # fsync needs a descriptor; "ab" changes nothing and works on every OS
+        os.fsync(f.fileno())
+    os.replace(src, dst)
+    if os.name != "nt":  # Windows cannot open a folder; NTFS journals the rename itself
+        folder = os.open(Path(dst).parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def write_shard(path, tokens):
@@ -74,7 +93,7 @@ def write_shard(path, tokens):
     def write(f):
         f.write(header.tobytes())
         f.write(tokens.astype("<u2").tobytes())
-    _atomic_write(path, write)
+    write_atomic(path, write)
 
 
 def read_shard(path):
@@ -115,7 +134,7 @@ def find_shards(data_dir, split):
 def write_meta(data_dir, meta):
     """Write data_dir/meta.json atomically (prepare.py writes it last, once the shards are in place)."""
     text = json.dumps(meta, indent=2) + "\n"
-    _atomic_write(Path(data_dir) / "meta.json", lambda f: f.write(text.encode()))
+    write_atomic(Path(data_dir) / "meta.json", lambda f: f.write(text.encode()))
 
 
 def load_meta(data_dir):

@@ -9,7 +9,8 @@ A file server on 127.0.0.1 for tests of download code, standard library only.
 It honours Range requests (206 + Content-Range, 416 past the end), answers 404 for
 unknown paths, closes the connection after every response (HTTP/1.0), and records
 every request as (method, path, Range header) in server.requests. Misbehaviour is set
-per path: cut(), lie(), fail(), ignore_range().
+per path: cut(), lie(), fail(), ignore_range(), corrupt(); headers() and redirect()
+answer like Hugging Face's resolve URLs (a 302 whose X-Linked-ETag is the file's sha256).
 """
 
 import threading
@@ -27,6 +28,9 @@ class LocalServer:
         self._lie = {}           # path -> length to announce; sends at most that many bytes
         self._fail = {}          # path -> [status, times left] (times None: always)
         self._ignore_range = set()
+        self._corrupt = {}       # path -> GETs left that flip the first byte (None: all)
+        self._headers = {}       # path -> extra response headers
+        self._redirect = {}      # path -> where a GET of it is sent (302)
         self._lock = threading.Lock()
         self._httpd = None
 
@@ -46,6 +50,19 @@ class LocalServer:
     def ignore_range(self, path):
         """Answer 200 with the whole file even when a Range is asked for, like some servers do."""
         self._ignore_range.add(path)
+
+    def corrupt(self, path, times=None):
+        """The next `times` GETs of path (all, if None) flip its first byte: the right length, wrong bytes."""
+        self._corrupt[path] = times
+
+    # --- Hugging Face's answers ---------------------------------------------------------
+    def headers(self, path, headers):
+        """Send these extra headers (e.g. an ETag) with every answer for path."""
+        self._headers[path] = dict(headers)
+
+    def redirect(self, path, to):
+        """Answer a GET of path with 302 to the path `to` (with path's headers()), as a resolve URL does."""
+        self._redirect[path] = to
 
     # --- inspection -------------------------------------------------------------------
     def count(self, path):
@@ -96,8 +113,14 @@ def _handler(server):
                     if failure[1] < 0:
                         failure = None
                 cut = server._cut.pop(path, None)
+                corrupt = path in server._corrupt and server._corrupt[path] != 0
+                if corrupt and server._corrupt[path] is not None:
+                    server._corrupt[path] -= 1
+            extra = server._headers.get(path, {})
             if failure:
                 return self._empty(failure[0])
+            if path in server._redirect:
+                return self._empty(302, {"Location": server._redirect[path], **extra})
             data = server._content(path)
             if data is None:
                 return self._empty(404)
@@ -109,10 +132,14 @@ def _handler(server):
                 start, end = int(first), min(int(last), size - 1) if last else size - 1
                 if start >= size:
                     return self._empty(416, {"Content-Range": f"bytes */{size}"})
+            if corrupt:
+                data = bytes([data[0] ^ 0xFF]) + data[1:]
             body = data[start:end + 1]
             self.send_response(206 if ranged else 200)
             if ranged:
                 self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            for key, value in extra.items():
+                self.send_header(key, value)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(end + 1 - start))
             self.end_headers()

@@ -107,5 +107,5 @@ def test_train_init_from_gpt2_converts_and_fine_tunes(tmp_path):
     assert "converted gpt2 into delta" in result.stdout
     standard, delta = events(tmp_path / "standard", "eval"), events(tmp_path / "delta", "eval")
     assert delta[0]["val_loss"] == pytest.approx(standard[0]["val_loss"], abs=1e-5)
-    ckpt = torch.load(tmp_path / "delta" / "ckpt.pt", weights_only=False)  # fine-tuned for 4 iterations
+    ckpt = torch.load(tmp_path / "delta" / "ckpt.pt", weights_only=True)  # fine-tuned for 4 iterations
     assert ckpt["iter_num"] == 4 and ckpt["model_args"]["residual"] == "delta" and len(events(tmp_path / "delta", "train")) == 4

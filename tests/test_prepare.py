@@ -4,6 +4,7 @@ cut connections, 404s, lying servers, and the token counts each dataset must giv
 """
 
 import functools
+import hashlib
 import os
 import socket
 import subprocess
@@ -112,6 +113,54 @@ def test_download_checks_expected_size_and_skips_existing(tmp_path):
         (tmp_path / "blob").write_bytes(b"already here")
         download(server.url + "/blob", tmp_path / "blob", quiet=True)
         assert server.count("/blob") == 1
+
+
+def hub(server, blob, etag_header="X-Linked-ETag"):
+    """Serve blob as Hugging Face does: /resolve/blob redirects to /cdn/blob, the redirect carrying its sha256."""
+    server.files["/cdn/blob"] = blob
+    server.headers("/resolve/blob", {etag_header: f'"{hashlib.sha256(blob).hexdigest()}"'})
+    server.redirect("/resolve/blob", "/cdn/blob")
+    return server.url + "/resolve/blob"
+
+
+def test_download_fetches_again_bytes_that_do_not_match_the_published_sha256(tmp_path):
+    """Right length, wrong bytes, under a correct X-Linked-ETag: detected, fetched again, the hash kept."""
+    with LocalServer() as server:
+        url = hub(server, BLOB)
+        server.corrupt("/cdn/blob", times=1)
+        dest = download(url, tmp_path / "blob", backoff=0, quiet=True)
+        assert server.count("/cdn/blob") == 2
+        download(url, dest, backoff=0, quiet=True)  # a rerun reuses the verified file
+        assert server.count("/cdn/blob") == 2
+    assert dest.read_bytes() == BLOB
+    assert (tmp_path / "blob.sha256").read_text() == f"{hashlib.sha256(BLOB).hexdigest()}  blob\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blob", "blob.sha256"]
+
+
+def test_download_gives_up_on_bytes_that_never_match(tmp_path):
+    """Wrong bytes on every attempt: a bounded number of tries, then a one-line error and no file left."""
+    with LocalServer() as server:
+        url = hub(server, BLOB, etag_header="ETag")
+        server.corrupt("/cdn/blob")
+        with pytest.raises(DownloadError) as e:
+            download(url, tmp_path / "blob", retries=2, backoff=0, quiet=True)
+        assert server.count("/cdn/blob") == 3
+    message = str(e.value)
+    assert "do not match the sha256 the server published" in message and "\n" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_download_without_a_published_sha256_checks_the_length_only(tmp_path):
+    """No ETag, or one that is not a 64-hex sha256 (an md5 here): wrong bytes of the right length pass."""
+    for headers in ({}, {"ETag": f'"{hashlib.md5(BLOB).hexdigest()}"'}):
+        with LocalServer({"/blob": BLOB}) as server:
+            server.headers("/blob", headers)
+            server.corrupt("/blob", times=1)
+            dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+            assert server.count("/blob") == 1
+        assert dest.read_bytes() != BLOB and len(dest.read_bytes()) == len(BLOB)
+        assert [p.name for p in tmp_path.iterdir()] == ["blob"]  # nothing claims it was verified
+        dest.unlink()
 
 
 # -----------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def test_every_mode_lowers_the_loss(residual, linears, data, tmp_path):
         assert ("mean_js" in evals[1]["routing_summary"]) == (residual == "rd")
     done = events(tmp_path, "done")[0]
     assert done["ckpt"] == str(tmp_path / "ckpt.pt") and done["iter"] == 6
-    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 6 and ckpt["model_args"]["residual"] == residual
     assert ckpt["dataset_meta"]["tokenizer"] == "bytes" and ckpt["config"]["batch_size"] == 8
 
@@ -113,7 +113,7 @@ def test_same_seed_same_backbone_and_batches_in_every_mode(data, tmp_path):
         out = tmp_path / residual
         train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--residual={residual}", "--max_iters=1",
               "--eval_interval=1", "--learning_rate=0", "--min_lr=0", cwd=tmp_path)
-        ckpts[residual] = torch.load(out / "ckpt.pt", weights_only=False)
+        ckpts[residual] = torch.load(out / "ckpt.pt", weights_only=True)
     standard, rd = ckpts["standard"], ckpts["rd"]
     assert all(torch.equal(v, rd["model"][k]) for k, v in standard["model"].items())
     assert set(rd["model"]) - set(standard["model"]) == {k for k in rd["model"] if "res_query" in k}
@@ -163,7 +163,7 @@ def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
         result = train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", f"--residual={residual}",
                        f"--res_blocks={blocks or 0}", "--max_iters=0", cwd=tmp_path)
         val[mode] = events(out, "eval")[0]["val_loss"]
-        ckpt = torch.load(out / "ckpt.pt", weights_only=False)  # the converted model is saved
+        ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # the converted model is saved
         assert ckpt["model_args"]["residual"] == residual and ckpt["iter_num"] == 0
         if residual != "standard":
             assert "pseudo-queries start at zero" in result.stdout

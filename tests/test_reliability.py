@@ -1,0 +1,113 @@
+"""
+What cannot hurt a user (README, "Reliability"): a checkpoint is loaded as plain data, so opening
+one never runs code, by any entry point; every file is written atomically and durably (fsynced
+before its rename, its folder after), and a failed write leaves no temporary file. Verified
+downloads (the published sha256) are tested with the other downloads, in test_prepare.py.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shards
+from checkpoint import load_checkpoint, model_args, save_checkpoint
+from download import download
+from localserver import LocalServer
+from model import GPT, GPTConfig
+from test_train import ENV, TINY, make_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Payload:
+    """Unpickling this runs code, as a malicious checkpoint's would; here it only creates a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def test_a_payload_checkpoint_is_refused_by_every_entry_point_and_never_runs(tmp_path):
+    """train.py (resume and init_from), sample.py and fold.py each refuse it in one line; its code never runs."""
+    data = make_dataset(tmp_path / "data")
+    marker = tmp_path / "payload_ran"
+    model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    ckpt = tmp_path / "shared" / "ckpt.pt"  # otherwise a good checkpoint: only "config" carries the payload
+    save_checkpoint(dict(model=model.state_dict(), model_args=model_args(model), iter_num=0, best_val_loss=0.0,
+                         config=Payload(marker), dataset_meta=dict(tokenizer="bytes")), ckpt)
+    train = [sys.executable, REPO / "train.py", *TINY, f"--dataset={data}"]
+    commands = {
+        "train.py resume": [*train, "--init_from=resume", f"--out_dir={ckpt.parent}"],
+        "train.py init_from": [*train, f"--init_from={ckpt}", f"--out_dir={tmp_path / 'out'}"],
+        "sample.py": [sys.executable, REPO / "sample.py", f"--out_dir={ckpt.parent}"],
+        "fold.py": [sys.executable, REPO / "fold.py", f"--ckpt={ckpt}", f"--out={tmp_path / 'folded.pt'}"],
+    }
+    for name, command in commands.items():
+        result = subprocess.run(list(map(str, command)), cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 1, (name, result.stderr)
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"error: {ckpt} holds objects a "
+                                                                            "checkpoint must not hold (builtins.exec)"), (name, result.stderr)
+        assert not marker.exists(), name
+    assert not (tmp_path / "folded.pt").exists()
+    torch.load(ckpt, weights_only=False)  # the payload is live: an unsafe load runs it
+    assert marker.exists()
+
+
+def test_a_refused_checkpoint_names_what_it_holds(tmp_path):
+    """Objects other than plain data (numpy arrays here) are refused by name, before any of them is built."""
+    torch.save(dict(model={}, model_args={}, data_rng=np.zeros(3)), tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt.pt holds objects a checkpoint must not hold \(numpy"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def syncs(monkeypatch):
+    """A list that records, in order, ("fsync", the synced path) and ("replace", its destination)."""
+    calls = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(shards.os, "fsync", lambda fd: calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(shards.os, "replace", lambda src, dst: calls.append(("replace", str(dst))) or replace(src, dst))
+    return calls
+
+
+def write_download(path):
+    with LocalServer({"/blob": b"downloaded"}) as server:
+        download(server.url + "/blob", path, quiet=True)
+
+
+WRITERS = {
+    "shard": lambda path: shards.write_shard(path, np.arange(10)),
+    "meta.json": lambda path: shards.write_meta(path.parent, dict(tokenizer="bytes")),
+    "checkpoint": lambda path: save_checkpoint(dict(model={}, model_args={}), path),
+    "download": write_download,
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a descriptor's file through /proc (Linux)")
+@pytest.mark.parametrize("writer", WRITERS)
+def test_every_writer_syncs_the_file_before_its_rename_and_the_folder_after(tmp_path, monkeypatch, writer):
+    """A power cut leaves the old file or the new one: its bytes reach the disk before the rename, the rename before the return."""
+    path = tmp_path / ("meta.json" if writer == "meta.json" else "file")
+    calls = syncs(monkeypatch)
+    WRITERS[writer](path)
+    (fsync, temporary), rename, folder = calls
+    assert fsync == "fsync" and Path(temporary).parent == tmp_path and temporary != str(path)
+    assert rename == ("replace", str(path)) and folder == ("fsync", str(tmp_path))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_failed_checkpoint_save_keeps_the_old_one_and_leaves_no_temporary_file(tmp_path):
+    """A save that fails halfway (here: an object torch.save cannot pickle) changes nothing on disk."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(dict(model={}, model_args={}, iter_num=1), path)
+    before = path.read_bytes()
+    with pytest.raises(Exception):
+        save_checkpoint(dict(model={}, model_args={}, iter_num=2, config=lambda: None), path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"] and path.read_bytes() == before
