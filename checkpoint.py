@@ -64,7 +64,7 @@ def clean_state_dict(state_dict):
 
 
 def load_state_into(model, state_dict):
-    """Load state_dict into model, converting between residual modes (SPEC equivalence 2): a
+    """Load state_dict into model, converting between residual modes (README "Exact equivalences", 2): a
     pseudo-query the checkpoint lacks keeps the model's zero init, so a standard checkpoint becomes
     a routed model with the same function; pseudo-queries the model has no use for are dropped.
     Returns the lists (missing queries, dropped queries). Any other mismatch is an error."""

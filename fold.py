@@ -1,5 +1,5 @@
 """
-Fold the Duplicated Latent Residual away for deployment (SPEC "Folding").
+Fold the Duplicated Latent Residual away for deployment (README "Folding DLR away").
 
     python fold.py --ckpt=out/ckpt.pt --out=out/folded.pt           # DLR -> plain low rank, same outputs
     python fold.py --ckpt=out/ckpt.pt --out=out/dense.pt --dense    # low rank -> ordinary dense weights

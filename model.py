@@ -123,7 +123,7 @@ class LowRankLinear(nn.Module):
 
     @torch.no_grad()
     def fold_dlr(self):
-        """SPEC "Folding": B <- B + (alpha/sqrt(K)) R, then the DLR term is off. Same outputs, plain low-rank cost."""
+        """README "Folding DLR away": B <- B + (alpha/sqrt(K)) R, then the DLR term is off. Same outputs, plain low-rank cost."""
         if self.dlr:
             self.B.weight.copy_(self.up_weight())
             self.dlr = False
@@ -257,9 +257,28 @@ def routing_logits(s, queries):
     return (s @ queries.t()) * inv_rms
 
 
+def reference_route(w, sources):
+    """The route as the README's "Routing" section defines it, one source at a time: the definition
+    DepthSources.route must equal (tests/test_model.py checks it, in float64, to rounding).
+
+        a_i = softmax_i( w . rmsnorm(s_i) )      per token, a softmax over depth
+        route(w, s) = sum_i a_i s_i
+    """
+    logits = []
+    for s in sources:
+        key = s / torch.sqrt(s.pow(2).mean(dim=-1, keepdim=True) + ROUTING_RMS_EPS)  # rmsnorm, no gain
+        logits.append(key @ w)  # [B, T]
+    a = torch.stack(logits).softmax(dim=0)  # [m, B, T]: over depth, for each token
+    mix = torch.zeros_like(sources[0])
+    for a_i, s_i in zip(a, sources):
+        mix = mix + a_i.unsqueeze(-1) * s_i
+    return mix
+
+
 class DepthSources:
     """
-    The sources routed sublayers attend over, and the route itself (SPEC "Routing"):
+    The sources routed sublayers attend over, and the route itself, computed fast. The math is
+    reference_route's, above:
 
         a_i = softmax_i( w . rmsnorm(s_i) )      per token, a softmax over depth
         mix = sum_i a_i s_i
@@ -325,6 +344,27 @@ class DepthSources:
         return mix
 
 
+def route_table(config):
+    """Every route of a model, in row order: (name, its pseudo-query's parameter name, m = how many
+    sources it reads). The one place routes are numbered: route_queries() stacks the pseudo-queries
+    in this order, forward() finds a route's row by name, the diagnostics name the rows from it.
+    Rows: the input route of every sublayer (row j = sublayer j), then rd's value routes, then the
+    output route of attnres and rd (no stream: the output is one more route). standard has none."""
+    if config.residual == "standard":
+        return []
+    L, per_block = config.n_layer, config.sublayers_per_block
+
+    def sources(j):  # e, the completed blocks before sublayer j, and the block in progress once it holds an output
+        return 1 + j // per_block + (j % per_block > 0)
+    table = [(f"L{j // 2}.{kind}", f"transformer.h.{j // 2}.{kind}_res_query", sources(j))
+             for j, kind in zip(range(2 * L), ("attn", "mlp") * L)]
+    if config.residual == "rd":
+        table += [(f"L{l}.attn.v", f"transformer.h.{l}.attn_res_query_v", sources(2 * l)) for l in range(L)]
+    if config.residual in ("attnres", "rd"):
+        table.append(("out", "transformer.res_query_out", 1 + 2 * L // per_block))
+    return table
+
+
 # -----------------------------------------------------------------------------
 # The model
 
@@ -344,23 +384,43 @@ class GPT(nn.Module):
             self.transformer.res_query_out = nn.Parameter(torch.zeros(config.n_embd))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.routes = route_table(config)
+        self.route_row = {name: r for r, (name, _, _) in enumerate(self.routes)}
         self.last_routing = None  # filled by forward(..., collect_routing=True)
+        self.init_weights()
 
-        self.apply(self._init_weights)
-        for m in self.modules():
-            if isinstance(m, LowRankLinear):
-                m.reset_parameters()  # the low-rank recipe, not GPT-2's 0.02
-        for pn, p in self.named_parameters():
-            if pn.endswith("c_proj.weight"):  # scaled init of residual projections, per GPT-2 paper
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+    @torch.no_grad()
+    def init_weights(self):
+        """Every parameter's initialisation, in one place:
 
-    def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            wte (tied to lm_head), wpe          N(0, 0.02)                          GPT-2
+            dense Linear weights                N(0, 0.02)                          GPT-2
+            c_proj weights (dense)              N(0, 0.02 / sqrt(2 L))              GPT-2's scaled residual projections
+            Linear biases                       0
+            LayerNorm gains, biases             1, 0                                PyTorch's default
+            low-rank A, B (LowRankLinear)       N(0, r^-1/4 (d_in + d_out)^-1/4)    so B A has std ~ (d_in + d_out)^-1/2
+            pseudo-queries (every *res_query*)  0
+
+        Zero pseudo-queries make every route uniform, and a uniform route is the standard model up to
+        a LayerNorm-ignored scale (README, "Exact equivalences", 1): every routed mode starts as the
+        standard function. They also draw no random numbers, so one seed gives one backbone in every
+        mode, which the paired comparisons rely on. The draws come in this order (GPT-2's over every
+        Linear and Embedding, low-rank factors included, then the low-rank recipe over those, then
+        c_proj), the order the published runs were made with.
+        """
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if isinstance(module, LowRankLinear):
+                module.reset_parameters()
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+        for _, query, _ in self.routes:
+            nn.init.zeros_(self.get_parameter(query))
 
     def get_num_params(self, non_embedding=True):
         """Parameter count; the position embedding is left out by default (the token one is the tied head)."""
@@ -369,39 +429,19 @@ class GPT(nn.Module):
             n_params -= self.transformer.wpe.weight.numel()
         return n_params
 
-    # --- routes: row r of route_queries() is the pseudo-query of route r
+    # --- routes: row r of route_queries() is the pseudo-query of route r (route_table)
 
     def route_queries(self):
-        """All pseudo-queries as one [R, d] matrix. Rows: 2l and 2l+1 the attention and MLP input
-        routes of layer l (row j = sublayer j), then (rd) the value route of each layer at 2L + l,
-        then (attnres, rd) the output route last."""
-        blocks = self.transformer.h
-        rows = [q for b in blocks for q in (b.attn_res_query, b.mlp_res_query)]
-        if self.config.residual == "rd":
-            rows += [b.attn_res_query_v for b in blocks]
-        if self.config.residual in ("attnres", "rd"):
-            rows.append(self.transformer.res_query_out)
-        return torch.stack(rows)
+        """All pseudo-queries as one [R, d] matrix, in route_table's row order."""
+        return torch.stack([self.get_parameter(query) for _, query, _ in self.routes])
 
     def route_names(self):
         """A readable name for each route row, e.g. 'L3.attn', 'L3.attn.v', 'out'."""
-        L = self.config.n_layer
-        names = [f"L{l}.{s}" for l in range(L) for s in ("attn", "mlp")]
-        if self.config.residual == "rd":
-            names += [f"L{l}.attn.v" for l in range(L)]
-        if self.config.residual in ("attnres", "rd"):
-            names.append("out")
-        return names
+        return [name for name, _, _ in self.routes]
 
     def route_source_counts(self):
         """m, the number of sources each route reads (same order as route_queries)."""
-        per_block = self.config.sublayers_per_block
-        counts = [1 + j // per_block + (j % per_block > 0) for j in range(2 * self.config.n_layer)]
-        if self.config.residual == "rd":
-            counts += counts[0::2]
-        if self.config.residual in ("attnres", "rd"):
-            counts.append(1 + 2 * self.config.n_layer // per_block)
-        return counts
+        return [m for _, _, m in self.routes]
 
     def make_cache(self):
         """An empty key-value cache for incremental decoding (see generate)."""
@@ -420,17 +460,19 @@ class GPT(nn.Module):
         per_block = self.config.sublayers_per_block
         replaces_stream = mode in ("attnres", "rd")  # no residual stream: every input, and the output, is a route
         h = e  # the residual stream (standard, delta)
+        row = self.route_row
         for j in range(2 * L):
             block = self.transformer.h[j // 2]
+            sublayer = f"L{j // 2}.{'mlp' if j % 2 else 'attn'}"  # the name of its route
             # the sublayer's input: the one place where the modes differ
             if mode == "standard":
                 x = h  # x_j = h_j
             elif mode == "delta":
-                x = h + depth.route(j)  # x_j = h_j + route(w_j, deltas)
+                x = h + depth.route(row[sublayer])  # x_j = h_j + route(w_j, deltas)
             else:
-                x = depth.route(j)  # attnres, rd: x_j = route(w_j, sources)
+                x = depth.route(row[sublayer])  # attnres, rd: x_j = route(w_j, sources)
             if j % 2 == 0:
-                x_v = depth.route(2 * L + j // 2) if mode == "rd" else None  # rd: x_v = route(w_v, sources)
+                x_v = depth.route(row[sublayer + ".v"]) if mode == "rd" else None  # rd: x_v = route(w_v, sources)
                 out = block.attn_sublayer(x, x_v, None if cache is None else cache[j // 2])
             else:
                 out = block.mlp_sublayer(x)
@@ -441,7 +483,7 @@ class GPT(nn.Module):
                 if (j + 1) % per_block == 0:
                     depth.end_block()  # p becomes b_k (attnres) or D_k (delta)
         if replaces_stream:
-            h = depth.route(depth.queries.size(0) - 1)  # the output route (the last row) over all completed sources
+            h = depth.route(row["out"])  # the output route, over all completed sources
         if depth is not None and collect_routing:
             self.last_routing = routing_stats(depth.weights, self.route_names(), mode)
         x = self.transformer.ln_f(h)
@@ -460,10 +502,13 @@ class GPT(nn.Module):
         """AdamW with three groups: matrices (decayed), vectors (not decayed), and the routing
         pseudo-queries (not decayed; lr scaled by res_query_lr_mult, stored as the group's
         'lr_mult' for the training loop to apply)."""
-        params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
-        queries = [p for pn, p in params.items() if "res_query" in pn]
-        decay = [p for pn, p in params.items() if "res_query" not in pn and p.dim() >= 2]
-        no_decay = [p for pn, p in params.items() if "res_query" not in pn and p.dim() < 2]
+        params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}  # rd_fixedv's value queries: not trained
+        is_query = {query for _, query, _ in self.routes}
+        queries = [p for pn, p in params.items() if pn in is_query]
+        decay = [p for pn, p in params.items() if pn not in is_query and p.dim() >= 2]
+        no_decay = [p for pn, p in params.items() if pn not in is_query and p.dim() < 2]
+        grouped = [id(p) for group in (queries, decay, no_decay) for p in group]
+        assert sorted(grouped) == sorted(id(p) for p in params.values()), "every trained parameter in exactly one group"
         groups = [
             {"params": decay, "weight_decay": weight_decay, "lr_mult": 1.0},
             {"params": no_decay, "weight_decay": 0.0, "lr_mult": 1.0},
@@ -499,7 +544,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def fold_dlr(self):
-        """Absorb every DLR term into its B (SPEC "Folding"); the model then has config.dlr = False."""
+        """Absorb every DLR term into its B (README "Folding DLR away"); the model then has config.dlr = False."""
         for m in self.modules():
             if isinstance(m, LowRankLinear):
                 m.fold_dlr()

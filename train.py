@@ -224,7 +224,7 @@ elif init_from == "resume":
     model_args = {**model_args, **set_model_keys}
     iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
     source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
-else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (SPEC equivalence 2)
+else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (README "Exact equivalences", 2)
     try:
         if init_from in GPT2_CONFIGS:
             source_args, state = load_gpt2(init_from, cache_dir)

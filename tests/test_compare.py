@@ -321,7 +321,7 @@ def train_losses(tmp_path, dataset, *args):
 def test_same_seed_same_batches(tmp_path, dataset):
     """train.py draws its training windows from the seed alone. With the learning rate at zero the model
     never changes, so the logged train losses fingerprint the batches: attnres and rd (with zero pseudo-
-    queries rd computes attnres's function, SPEC 3, but it has other parameters and optimizer groups)
+    queries rd computes attnres's function, README "Exact equivalences" 3, but it has other parameters and optimizer groups)
     log the same loss at every iteration, while the loss changes from batch to batch."""
     frozen = ["--seed=3", "--learning_rate=0.0", "--min_lr=0.0", "--max_iters=4", "--eval_interval=100", "--eval_iters=1"]
     a = train_losses(tmp_path, dataset, "--residual=attnres", *frozen)

@@ -1,7 +1,7 @@
 """
-The SPEC's claims about model.py, as tests.
+The README's math ("The math") as tests of model.py.
 
-Tolerances. The exact equivalences (SPEC 1, 3, 4) and the comparison with the loop-by-loop
+Tolerances. The exact equivalences (README "Exact equivalences" 1, 3, 4) and the comparison with the loop-by-loop
 transcription run in float64 with every LayerNorm's epsilon set to 0: then the math says the two
 sides are equal, and all that separates them is float64 rounding (unit 1e-16; a few hundred
 rounding steps through the network stay far below 1e-9). With the default epsilon 1e-5,
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import perturb_norms_and_biases
-from model import GPT, GPTConfig, LowRankLinear, ROUTING_RMS_EPS, routing_summary
+from model import GPT, DepthSources, GPTConfig, LowRankLinear, reference_route, routing_summary
 
 ROUTED = ("attnres", "delta", "rd")
 LINEARS = {  # name -> config overrides
@@ -69,13 +69,13 @@ def max_diff(a, b):
 
 
 # -----------------------------------------------------------------------------
-# SPEC equivalences
+# The exact equivalences (README "Exact equivalences")
 
 @pytest.mark.parametrize("linear", LINEARS)
 @pytest.mark.parametrize("res_blocks", [0, 2, 3, 6])
 @pytest.mark.parametrize("mode", ROUTED)
 def test_zero_queries_equal_standard(mode, res_blocks, linear):
-    """SPEC 1: with zero pseudo-queries every routed mode is the standard model, at every granularity."""
+    """Equivalence 1: with zero pseudo-queries every routed mode is the standard model, at every granularity."""
     standard = make_model(**LINEARS[linear])
     routed = make_model(residual=mode, res_blocks=res_blocks, **LINEARS[linear])
     missing, unexpected = routed.load_state_dict(standard.state_dict(), strict=False)
@@ -103,7 +103,7 @@ def test_zero_queries_default_eps_bound():
 @pytest.mark.parametrize("linear", LINEARS)
 @pytest.mark.parametrize("res_blocks", [0, 3])
 def test_rd_tied_equals_attnres(res_blocks, linear):
-    """SPEC 3: rd with w_v tied to w_qk is attnres, for random non-zero queries."""
+    """Equivalence 3: rd with w_v tied to w_qk is attnres, for random non-zero queries."""
     attnres = make_model(residual="attnres", res_blocks=res_blocks, **LINEARS[linear])
     randomise_queries(attnres)
     rd = make_model(residual="rd", res_blocks=res_blocks, **LINEARS[linear])
@@ -153,7 +153,7 @@ def test_fixed_value_route_starts_as_rd_and_keeps_uniform_values(res_blocks):
 @pytest.mark.parametrize("linear", ["dense", "dlr"])
 @pytest.mark.parametrize("mode", ROUTED)
 def test_res_blocks_2L_equals_per_sublayer(mode, linear):
-    """SPEC 4: res_blocks = 2L (blocks of one sublayer) is per-sublayer routing (res_blocks = 0)."""
+    """Equivalence 4: res_blocks = 2L (blocks of one sublayer) is per-sublayer routing (res_blocks = 0)."""
     per_sublayer = make_model(residual=mode, res_blocks=0, **LINEARS[linear])
     randomise_queries(per_sublayer)
     blocks_2L = make_model(residual=mode, res_blocks=6, **LINEARS[linear])
@@ -163,19 +163,30 @@ def test_res_blocks_2L_equals_per_sublayer(mode, linear):
 
 
 # -----------------------------------------------------------------------------
-# The SPEC's equations, transcribed loop by loop, independently of DepthSources
+# The README's equations, transcribed loop by loop with model.reference_route, independently of DepthSources
 
-def spec_route(w, sources):
-    """a_i = softmax_i(w . rmsnorm(s_i)); mix = sum_i a_i s_i, one source at a time."""
-    logits = []
-    for s in sources:
-        key = s / torch.sqrt(s.pow(2).mean(-1, keepdim=True) + ROUTING_RMS_EPS)
-        logits.append((key * w).sum(-1))
-    a = torch.softmax(torch.stack(logits, dim=-1), dim=-1)
-    mix = torch.zeros_like(sources[0])
-    for i, s in enumerate(sources):
-        mix = mix + a[..., i:i + 1] * s
-    return mix
+@pytest.mark.parametrize("per_block", [1, 2, 3])
+def test_fast_route_equals_reference_route(per_block):
+    """DepthSources.route (logit table, running sum p, addcmul chain; and its no-grad stacked path)
+    equals reference_route over the same sources, for every row, with blocks of per_block outputs."""
+    torch.manual_seed(0)
+    d, R = 16, 5
+    queries = 2 * torch.randn(R, d, dtype=torch.float64)
+    e = torch.randn(2, 7, d, dtype=torch.float64)
+    outs = [torch.randn(2, 7, d, dtype=torch.float64) * (j + 1) for j in range(6)]
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            depth, completed, partial = DepthSources(e, queries), [e], []
+            for j, out in enumerate(outs):
+                sources = completed + ([sum(partial)] if partial else [])
+                for r in range(R):
+                    assert max_diff(depth.route(r), reference_route(queries[r], sources)) < EXACT
+                depth.add(out)
+                partial.append(out)
+                if (j + 1) % per_block == 0:
+                    depth.end_block()
+                    completed.append(sum(partial))
+                    partial = []
 
 
 def spec_attention(block, x_qk, x_v):
@@ -216,16 +227,16 @@ def spec_forward(model, idx):
             x = h[j]
         else:
             w = block.attn_res_query if j % 2 == 0 else block.mlp_res_query
-            x = spec_route(w, sources) + (h[j] if mode == "delta" else 0)
+            x = reference_route(w, sources) + (h[j] if mode == "delta" else 0)
         if j % 2 == 0:
-            x_v = spec_route(block.attn_res_query_v, sources) if mode == "rd" else x
+            x_v = reference_route(block.attn_res_query_v, sources) if mode == "rd" else x
             out = spec_attention(block, x, x_v)
         else:
             out = block.mlp(block.ln_2(x))
         outs.append(out)
         h.append(h[j] + out)
     if mode in ("attnres", "rd"):
-        final = spec_route(tr.res_query_out, [e] + [sum(outs[k * S:(k + 1) * S]) for k in range(2 * L // S)])
+        final = reference_route(tr.res_query_out, [e] + [sum(outs[k * S:(k + 1) * S]) for k in range(2 * L // S)])
     else:
         final = h[-1]
     return model.lm_head(tr.ln_f(final))
@@ -243,7 +254,7 @@ def test_matches_spec_transcription(mode, res_blocks, linear):
 
 
 def test_first_sublayer_inputs():
-    """SPEC: per-sublayer, the first sublayer sees only e: x_0 = e (attnres) and x_0 = 2e (delta)."""
+    """README "delta": per-sublayer, the first sublayer sees only e: x_0 = e (attnres) and x_0 = 2e (delta)."""
     seen = {}
     for mode in ("attnres", "delta"):
         model = make_model(residual=mode)
@@ -270,7 +281,7 @@ def test_dlr_expand_layout_uneven():
         layer.B.bias.normal_()
     x = torch.randn(5, 6)
     z = F.silu(layer.A(x))
-    expected = layer.B(z) + 0.7 / math.sqrt(3) * z[:, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]]  # SPEC's y, term by term
+    expected = layer.B(z) + 0.7 / math.sqrt(3) * z[:, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]]  # LowRankLinear's y, term by term
     assert max_diff(layer(x), expected) < 1e-6
 
 
@@ -325,14 +336,8 @@ def test_gradients_reach_everything(mode, res_blocks):
     idx = batch()
     _, loss = model(idx, targets=batch(seed=1))
     loss.backward()
-    single_source = set()
-    if mode != "standard":
-        for route, m in zip(model.route_names(), model.route_source_counts()):
-            if m == 1:  # route names "L0.attn", "L0.attn.v", "L0.mlp" -> parameter names
-                layer, kind = route[1:].split(".", 1)
-                suffix = {"attn": "attn_res_query", "attn.v": "attn_res_query_v", "mlp": "mlp_res_query"}[kind]
-                single_source.add(f"transformer.h.{layer}.{suffix}")
-        assert "transformer.h.0.attn_res_query" in single_source  # sublayer 0 reads only e
+    single_source = {query for _, query, m in model.routes if m == 1}  # sublayer 0 (and its value route) read only e
+    assert mode == "standard" or "transformer.h.0.attn_res_query" in single_source
     for name, p in model.named_parameters():
         if name in single_source:
             assert p.grad is None or p.grad.abs().sum() == 0, name
@@ -394,6 +399,20 @@ def test_overfits_one_batch(mode, linear):
         loss.backward()
         opt.step()
     assert loss.item() < 0.3, f"{mode}/{linear}: loss {loss.item():.3f} after 150 steps on one batch"
+
+
+@pytest.mark.parametrize("res_blocks", [0, 3])
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_route_table_names_every_pseudo_query_once(mode, res_blocks):
+    """route_table is the one numbering of the routes: each pseudo-query once, rows in forward's order
+    (sublayer j's input route is row j), its source counts those DepthSources builds."""
+    model = make_model(exact=False, residual=mode, res_blocks=res_blocks)
+    queries = [q for _, q, _ in model.routes]
+    assert sorted(queries) == sorted(n for n, _ in model.named_parameters() if "res_query" in n)
+    assert all(model.route_row[f"L{j // 2}.{('attn', 'mlp')[j % 2]}"] == j for j in range(2 * 3) if mode != "standard")
+    if mode != "standard":
+        model(batch(), collect_routing=True)
+        assert {n: s["sources"] for n, s in model.last_routing.items()} == dict(zip(model.route_names(), model.route_source_counts()))
 
 
 def test_optimizer_groups():
