@@ -1,8 +1,9 @@
 """
-What the scripts share. Today: where a result came from (provenance).
+What the scripts share: where a result came from (provenance), and a run's routing in a few numbers.
 """
 
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -37,3 +38,25 @@ def provenance(device):
     """What a log records first, so that every number traces back to the code and machine that made it."""
     commit, dirty = git_commit()
     return dict(commit=commit, dirty=dirty, torch=torch.__version__, device=device, device_name=device_name(device))
+
+
+def sublayer_routes(routes):
+    """The input routes of the sublayers, in depth order ('L0.attn', 'L0.mlp', ...), from route names
+    (model.route_names() or the keys of model.last_routing): no rd value routes, no output route."""
+    return [r for r in routes if r != "out" and not r.endswith(".v")]
+
+
+def routing_summary(stats):
+    """A run's routing in a few numbers, from model.last_routing: the deepest sublayer route (the last
+    that chooses among several sources), its max weight and normalised entropy, the mean normalised
+    entropy over the sublayer routes, and for rd the mean JS divergence between QK and V routes."""
+    routes = [r for r in sublayer_routes(stats) if "entropy" in stats[r]]
+    if not routes:
+        return {}
+    deepest = routes[-1]
+    summary = dict(deepest=deepest, deep_max_weight=stats[deepest]["max_weight"], deep_entropy=stats[deepest]["entropy"],
+                   mean_entropy=statistics.fmean(stats[r]["entropy"] for r in routes))
+    js = [s["js_qk_v"] for s in stats.values() if "js_qk_v" in s]
+    if js:
+        summary["mean_js"] = statistics.fmean(js)
+    return summary

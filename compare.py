@@ -65,6 +65,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from common import routing_summary, sublayer_routes  # noqa: E402
 from model import RESIDUAL_MODES  # noqa: E402
 
 REFERENCE = "standard"  # every run is compared with the standard (dense) run of the same seed
@@ -252,24 +253,18 @@ def paired(run, ref):
                 ppl_pct=ppl, ppl_pct_mean=p_mean, ppl_pct_std=p_std, wins=sum(d < 0 for d in diffs))
 
 
-def sublayer_routes(routing):
-    """The input routes of the sublayers, in depth order ('L0.attn', 'L0.mlp', ...): no value or output routes."""
-    return [r for r in routing if r != "out" and not r.endswith(".v")]
-
-
-def routing_summary(routings):
-    """Routing diagnostics of one run, from its final evals' routing (one dict per seed): the per-seed
-    max weight and normalised entropy of the deepest sublayer, and the mean QK/V JS divergence (rd),
-    averaged over seeds; and the mean depth weights of every route, averaged over seeds."""
+def mean_routing(routings):
+    """One run's routing over its seeds, from their final evals' routing (one dict per seed):
+    routing_summary's numbers (deepest route, its max weight and entropy, rd's QK/V JS) and every
+    route's max weight and depth weights, each averaged over seeds."""
     routings = [r for r in routings if r]
     if not routings:
         return None
-    deepest = sublayer_routes(routings[0])[-1]
-    js = [statistics.fmean(v["js_qk_v"] for v in r.values() if "js_qk_v" in v) for r in routings
-          if any("js_qk_v" in v for v in r.values())]
-    return dict(deepest=deepest,
-                deep_max_weight=statistics.fmean(r[deepest]["max_weight"] for r in routings),
-                deep_entropy=statistics.fmean(r[deepest]["entropy"] for r in routings),
+    summaries = [routing_summary(r) for r in routings]
+    js = [s["mean_js"] for s in summaries if "mean_js" in s]
+    return dict(deepest=summaries[0]["deepest"],
+                deep_max_weight=statistics.fmean(s["deep_max_weight"] for s in summaries),
+                deep_entropy=statistics.fmean(s["deep_entropy"] for s in summaries),
                 mean_js=statistics.fmean(js) if js else None,
                 max_weight={route: statistics.fmean(r[route]["max_weight"] for r in routings)
                             for route in routings[0] if "max_weight" in routings[0][route]},
@@ -291,7 +286,7 @@ def aggregate(records, names):
                          commits=sorted({r["commit"] for r in recs.values() if r.get("commit")}),
                          paired={ref: paired(val, {s: r["val_loss"] for s, r in records.get(ref, {}).items()})
                                  for ref in references(name, names)},
-                         routing=routing_summary([r["routing"] for r in recs.values()]))
+                         routing=mean_routing([r["routing"] for r in recs.values()]))
     return out
 
 

@@ -612,15 +612,3 @@ def js_divergence(p, q):
     kl = lambda a, b: (a * (a.clamp_min(1e-12) / b.clamp_min(1e-12)).log()).sum().item()
     return 0.5 * kl(p, mid) + 0.5 * kl(q, mid)
 
-
-def routing_summary(stats):
-    """Two numbers for a log line: max weight of the deepest routed sublayer, mean normalised entropy."""
-    sublayers = [s for n, s in stats.items() if n != "out" and not n.endswith(".v") and "entropy" in s]
-    if not sublayers:
-        return {}
-    summary = {"deep_max_weight": sublayers[-1]["max_weight"],
-               "mean_entropy": sum(s["entropy"] for s in sublayers) / len(sublayers)}
-    js = [s["js_qk_v"] for s in stats.values() if "js_qk_v" in s]
-    if js:
-        summary["mean_js"] = sum(js) / len(js)
-    return summary

@@ -26,10 +26,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import provenance
+from common import provenance, routing_summary
 from checkpoint import GPT2_CONFIGS, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
 from download import DownloadError
-from model import GPT, GPTConfig, routing_summary
+from model import GPT, GPTConfig
 from prepare import DATA_ROOT, DATASETS, prepare
 from shards import ShardError, find_shards, load_meta, read_shard
 
@@ -502,8 +502,8 @@ if master:
     print(f"\ndone: {trained} iterations in {took}"
           + (f" ({trained * tokens_per_iter / elapsed:,.0f} tokens/s overall)" if trained else ""))
     print(f"val loss {val_loss:.4f} (best {best_val_loss:.4f}; {first_val:.4f} at iter {start_iter})")
-    if stats:
-        deep = [s for n, s in stats.items() if n != "out" and not n.endswith(".v") and "max_weight" in s][-1]
+    if stats and summary:
+        deep = stats[summary["deepest"]]
         print(f"routing: the deepest routed sublayer puts {deep['max_weight']:.2f} of its weight on one of its "
               f"{deep['sources']} sources (uniform would be {1 / deep['sources']:.2f}); mean normalised entropy "
               f"{summary['mean_entropy']:.2f} (1 = uniform)")

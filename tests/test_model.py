@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import perturb_norms_and_biases
-from model import GPT, DepthSources, GPTConfig, LowRankLinear, reference_route, routing_summary
+from common import routing_summary
+from model import GPT, DepthSources, GPTConfig, LowRankLinear, reference_route
 
 ROUTED = ("attnres", "delta", "rd")
 LINEARS = {  # name -> config overrides

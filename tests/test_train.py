@@ -132,6 +132,19 @@ def test_resume_is_exact(data, tmp_path):
     assert [e["val_loss"] for e in events(tmp_path / "halves", "eval")] == \
            [e["val_loss"] for e in events(tmp_path / "straight", "eval")]
     assert len(events(tmp_path / "halves", "done")) == 1
+    assert [e["iter"] for e in events(tmp_path / "halves", "start") + events(tmp_path / "halves", "resume")] == [0, 4]
+
+
+def test_the_log_starts_with_the_code_machine_and_settings(data, tmp_path):
+    """Provenance: log.jsonl's first line names the commit (and whether tracked files differed from it),
+    torch, the device and every setting, so a published number traces back to what made it."""
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=1", "--eval_interval=1", "--seed=5", cwd=tmp_path)
+    first = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
+    assert first["event"] == "start" and first["torch"] == torch.__version__ and first["device"] == "cpu"
+    assert first["config"]["seed"] == 5 and first["config"]["n_layer"] == 2 and first["config"]["dataset"] == str(data)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=TRAIN.parent, capture_output=True, text=True)
+    if head.returncode == 0:  # a git checkout (CI's is one); an unpacked copy logs None
+        assert first["commit"] == head.stdout.strip() and isinstance(first["dirty"], bool)
 
 
 def test_torchrun_two_ranks_match_one_process(data, tmp_path):
