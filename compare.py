@@ -16,8 +16,9 @@ Options:
   --publish=DIR   copy results.md, results.json, the pictures and every finished run's log into DIR
                   (results.md there links its images as DIR/<file>, so it pastes into a README here);
                   a run whose published log has finished is taken from DIR, never trained again
-  --report        write the results from the runs finished so far, train nothing
-Every other --key=value goes to train.py, for every run.
+  --report=True   write the results from the runs finished so far, train nothing
+Every other --key=value goes to train.py, for every run (python train.py --help lists them); all are
+read as train.py reads its own, so a wrong key or value stops the grid before it starts.
 
 A run name is what the run changes: `standard`, `<mode>/res_blocks=N` (attnres, delta, rd),
 `rd_fixedv/res_blocks=N` (rd whose value route never learns: the RD paper's control),
@@ -46,7 +47,6 @@ routed run) and max_weight_by_depth.png (one of each per value with --sweep), an
 sweep_val_loss.png and sweep_max_weight.png.
 """
 
-import ast
 import heapq
 import json
 import math
@@ -65,6 +65,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+import configurator  # noqa: E402
 from common import routing_summary, sublayer_routes  # noqa: E402
 from model import RESIDUAL_MODES  # noqa: E402
 
@@ -83,18 +84,12 @@ PARENTS = {"rd": ["attnres"], "delta": ["attnres"], "rd_fixedv": ["rd", "attnres
 RUN_KEYS = ("residual", "res_blocks", "fixed_value_route", "lowrank_rank", "dlr")  # set by each run, not on the command line
 PROBE_ITERS = 10  # iterations of the timing probe that makes the up-front estimate
 TRAIN = Path(__file__).resolve().parent / "train.py"
+TRAIN_DEFAULTS = configurator.script_defaults(TRAIN)  # every train.py key, with its default
+OPTIONS = dict(runs="residual", seeds=3, sweep="", jobs=1, publish="", report=False)  # compare.py's own keys
 
 
 # -----------------------------------------------------------------------------
 # runs: names <-> train.py settings
-
-def literal(value):
-    """A command-line value as train.py's configurator reads it: a Python literal, else the string."""
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value
-
 
 def split_point(name):
     """A run name's sweep value and the rest: 'n_layer=8/rd/res_blocks=0' -> ('n_layer=8', 'rd/res_blocks=0');
@@ -126,7 +121,7 @@ def run_settings(name):
         raise ValueError(f"run {name!r}: {kind} needs a rank, e.g. {kind}/rank=32")
     if point:
         key, _, value = point.partition("=")
-        settings = {key: literal(value), **settings}
+        settings = {key: configurator.parse_value(key, value, TRAIN_DEFAULTS), **settings}
     return settings
 
 
@@ -153,7 +148,7 @@ def select_runs(runs, sweep=None):
     for name in names:
         point, kind = split_point(name)
         canonical.append((point, run_name(run_settings(kind))))
-    if sweep is None:
+    if not sweep:
         if any(point for point, _ in canonical):
             raise ValueError(f"--runs={runs} names runs at a sweep value ({', '.join(p + '/' + k for p, k in canonical if p)}): "
                              "add --sweep=key=value,... or drop the value")
@@ -626,61 +621,46 @@ def write_results(compare_dir, records, names, seeds, meta, publish=None):
 # the command line and the training loop
 
 def parse_args(argv):
-    """(config file or None, compare's own options, the --key=value list for train.py)."""
-    config, passthrough = None, []
-    options = dict(runs="residual", seeds=3, publish=None, sweep=None, jobs=1, report=False)
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(__doc__.strip())
-            sys.exit(0)
-        if not arg.startswith("--"):
-            if config is not None:
-                raise ValueError(f"one config file only, got {config} and {arg}")
-            config = arg
-            continue
-        key, sep, value = arg[2:].partition("=")
-        if key == "report" and not sep:
-            options["report"] = True
-            continue
-        if not sep:
-            raise ValueError(f"{arg}: use --key=value")
-        if key in ("seeds", "jobs"):
-            if not value.isdigit() or int(value) < 1:
-                raise ValueError(f"{arg}: the number of {key} is a positive integer")
-            options[key] = int(value)
-        elif key == "sweep":
-            sweep_key, sep, values = value.partition("=")
-            values = [v for v in values.split(",") if v]
-            if not sep or not values:
-                raise ValueError(f"{arg}: use --sweep=key=value,value,... e.g. --sweep=n_layer=4,8,16")
-            if sweep_key in RUN_KEYS or sweep_key in ("seed", "out_dir"):
-                raise ValueError(f"--sweep: {sweep_key} cannot be swept (each run or --seeds sets it, or it is where the grid lives)")
-            options["sweep"] = (sweep_key, values)
-        elif key in options:
-            options[key] = value
-        elif key in RUN_KEYS or key == "seed":
+    """(config file or None, compare.py's own options, the --key=value list for train.py). Both are read
+    by train.py's configurator, so a bad key or value is the same one-line error, before any training."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        sys.exit(0)
+    own = [a for a in argv if a.startswith("--") and a[2:].partition("=")[0] in OPTIONS]
+    rest = [a for a in argv if a not in own]
+    options, _ = configurator.configure(OPTIONS, own, __file__)
+    configs = [a for a in rest if not a.startswith("--")]
+    if len(configs) > 1:
+        raise ValueError(f"one config file only, got {' and '.join(configs)}")
+    for arg in rest:
+        key = arg[2:].partition("=")[0]
+        if arg.startswith("--") and (key in RUN_KEYS or key == "seed"):
             raise ValueError(f"--{key} is set by each run; choose runs with --runs (e.g. --runs=delta/res_blocks=2,dlr/rank=16)"
                              if key != "seed" else "--seed: use --seeds=N, the runs use seeds 0..N-1")
-        else:
-            passthrough.append(arg)
-    if options["sweep"] and any(a[2:].partition("=")[0] == options["sweep"][0] for a in passthrough):
-        raise ValueError(f"--{options['sweep'][0]} is swept: give its values in --sweep only")
-    return config, options, passthrough
+    configurator.configure(TRAIN_DEFAULTS, rest, str(TRAIN))  # train.py's keys and values, checked now
+    for key in ("seeds", "jobs"):
+        if options[key] < 1:
+            raise ValueError(f"--{key}={options[key]}: use a positive integer")
+    if options["sweep"]:
+        key, sep, values = options["sweep"].partition("=")
+        values = [v for v in values.split(",") if v]
+        if not sep or not values:
+            raise ValueError(f"--sweep={options['sweep']}: use --sweep=key=value,value,... e.g. --sweep=n_layer=4,8,16")
+        if key in RUN_KEYS or key in ("seed", "out_dir"):
+            raise ValueError(f"--sweep: {key} cannot be swept (each run or --seeds sets it, or it is where the grid lives)")
+        if key not in TRAIN_DEFAULTS:
+            raise ValueError(f"--sweep: {key} is not a train.py key (python train.py --help lists them)")
+        if any(a[2:].partition("=")[0] == key for a in rest):
+            raise ValueError(f"--{key} is swept: give its values in --sweep only")
+        configurator.configure(TRAIN_DEFAULTS, [f"--{key}={v}" for v in values], str(TRAIN))  # each value checked
+        options["sweep"] = (key, values)
+    return (configs[0] if configs else None), options, [a for a in rest if a.startswith("--")]
 
 
 def train_settings(config, passthrough):
-    """The settings compare.py needs to know (out_dir, max_iters, eval_interval, eval_iters): train.py's
-    defaults (its module-level `key = value` lines, which --help lists), the config file's, then the
-    command line's, read as train.py's configurator reads them."""
-    tree = ast.parse(TRAIN.read_text())
-    settings = {node.targets[0].id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)}
-    if config:
-        exec(Path(config).read_text(), {}, settings)
-    for arg in passthrough:
-        key, _, value = arg[2:].partition("=")
-        settings[key] = value if isinstance(settings.get(key), str) else literal(value)  # train.py checks it
-    return settings
+    """train.py's settings for a run: its defaults, the config file's, then the command line's, read
+    as train.py reads them. compare.py needs out_dir, max_iters, eval_interval and eval_iters."""
+    return configurator.configure(TRAIN_DEFAULTS, ([config] if config else []) + passthrough, str(TRAIN))[0]
 
 
 def train_command(config, run_dir, seed, name, passthrough):
@@ -784,8 +764,6 @@ def main(argv):
     config, options, passthrough = parse_args(argv)
     settings = train_settings(config, passthrough)
     sweep, jobs, publish = options["sweep"], options["jobs"], options["publish"]
-    if sweep and sweep[0] not in settings:
-        raise ValueError(f"--sweep: {sweep[0]} is not a train.py key (python train.py --help lists them)")
     names = select_runs(options["runs"], sweep)
     seeds = list(range(options["seeds"]))
     compare_dir = Path(settings["out_dir"]) / "compare"
@@ -868,7 +846,7 @@ def main(argv):
         raise errors[0]
 
     records = load_records(runs_dir, names, seeds)
-    command = "python compare.py " + " ".join(a for a in argv if a != "--report")  # the command that trains them
+    command = "python compare.py " + " ".join(a for a in argv if not a.startswith("--report="))  # the command that trains them
     max_iters = settings["max_iters"] if not sweep or sweep[0] != "max_iters" else "/".join(sweep[1])
     results = write_results(compare_dir, records, names, seeds,
                             dict(command=command, machine=machine(env, jobs), max_iters=max_iters), publish)

@@ -12,6 +12,7 @@ key or a bad value is a one-line error and exit status 2; --help lists every key
 import ast
 import re
 import sys
+from pathlib import Path
 
 
 def fail(message):
@@ -41,6 +42,25 @@ def parse_value(key, text, defaults):
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         fail(f"cannot read --{key}={text}: give a Python literal like its default {defaults[key]!r}")
+
+
+def script_defaults(script):
+    """A script's defaults read from its source, without running it: the `key = value` lines of its
+    config section (the literal bools, ints, floats and strings after its imports, up to the first
+    other statement), as train.py collects them. compare.py learns train.py's keys so."""
+    defaults = {}
+    for node in ast.parse(Path(script).read_text()).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (isinstance(node, ast.Expr) and not defaults):
+            continue  # imports and the docstring come before the config section
+        setting = isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        try:
+            value = ast.literal_eval(node.value) if setting else None
+        except ValueError:  # computed: not a setting
+            value = None
+        if not isinstance(value, (bool, int, float, str)):
+            break  # the end of the config section
+        defaults[node.targets[0].id] = value
+    return defaults
 
 
 def help_text(defaults, script):

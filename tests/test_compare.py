@@ -94,7 +94,7 @@ def test_sweep_names_and_pairing_per_value():
     with pytest.raises(ValueError, match="is swept"):
         compare.parse_args(["--sweep=n_layer=2,4", "--n_layer=3"])
     with pytest.raises(ValueError, match="not a train.py key"):
-        compare.main(["--sweep=n_layers=2,4", "--report"])
+        compare.parse_args(["--sweep=n_layers=2,4"])
 
 
 def test_eta_and_threads_with_jobs(monkeypatch):
@@ -108,11 +108,22 @@ def test_eta_and_threads_with_jobs(monkeypatch):
     assert compare.run_env(2)["OMP_NUM_THREADS"] == "3"
 
 
-def test_run_settings_are_not_command_line_options():
+def test_command_line_is_read_as_train_py_reads_its_own(capsys):
+    """compare.py's keys and train.py's are parsed by the configurator: run settings are refused, a wrong
+    train.py key or value stops the grid before anything runs, a config file is executed as train.py would."""
     with pytest.raises(ValueError, match="--runs"):
         compare.parse_args(["--residual=delta"])
-    config, options, rest = compare.parse_args(["cfg.py", "--seeds=2", "--runs=lowrank", "--max_iters=5"])
-    assert (config, options["seeds"], options["runs"], rest) == ("cfg.py", 2, "lowrank", ["--max_iters=5"])
+    config_file = str(ROOT / "config" / "train_shakespeare_char.py")
+    config, options, rest = compare.parse_args([config_file, "--seeds=2", "--runs=lowrank", "--max_iters=5", "--jobs=2"])
+    assert (config, options["seeds"], options["runs"], options["jobs"], rest) == (config_file, 2, "lowrank", 2, ["--max_iters=5"])
+    assert compare.train_settings(config, rest)["n_embd"] == 128 and compare.train_settings(config, rest)["max_iters"] == 5
+    for bad in (["--max_iter=5"], ["--max_iters=five"], ["--seeds=two"], ["--sweep=n_layer=4,eight"]):
+        with pytest.raises(SystemExit) as exit_:
+            compare.parse_args(bad)
+        assert exit_.value.code == 2 and capsys.readouterr().err.count("\n") == 1  # one line
+    assert set(compare.TRAIN_DEFAULTS) >= {"n_layer", "max_iters", "out_dir", "residual", "fixed_value_route"}
+    help_keys = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True).stdout
+    assert [line.split("=")[0].strip() for line in help_keys.splitlines() if line.startswith("  ")] == list(compare.TRAIN_DEFAULTS)
 
 
 # -----------------------------------------------------------------------------
