@@ -15,25 +15,17 @@ import pytest
 import torch
 
 import compare
-from model import GPT, GPTConfig
+from helpers import randomise_queries, tiny_config
+from model import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def tiny_config(**overrides):
-    cfg = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
-    cfg.update(overrides)
-    return GPTConfig(**cfg)
 
 
 def routing_of(residual, res_blocks=0, seed=0, n_layer=2):
     """A real model.last_routing of a routed mode, with random (so non-uniform) pseudo-queries."""
     torch.manual_seed(seed)
-    model = GPT(tiny_config(residual=residual, res_blocks=res_blocks, n_layer=n_layer))
+    model = randomise_queries(GPT(tiny_config(residual=residual, res_blocks=res_blocks, n_layer=n_layer)), seed, scale=3.0)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "res_query" in name:
-                p.normal_(0, 3)
         model(torch.randint(0, 64, (2, 16)), collect_routing=True)
     return model.last_routing
 

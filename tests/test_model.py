@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import perturb_norms_and_biases
+from helpers import perturb_norms_and_biases, randomise_queries, tiny_config
 from common import routing_summary
 from model import GPT, DepthSources, GPTConfig, LowRankLinear, reference_route
 
@@ -29,12 +29,6 @@ LINEARS = {  # name -> config overrides
 EXACT = 1e-9  # float64, eps = 0: see the module docstring
 
 
-def tiny_config(**overrides):
-    cfg = dict(block_size=16, vocab_size=64, n_layer=3, n_head=2, n_embd=32, dropout=0.0, bias=True)
-    cfg.update(overrides)
-    return GPTConfig(**cfg)
-
-
 def make_model(seed=0, exact=True, **overrides):
     """A model with random non-trivial weights (LayerNorm gains and biases too)."""
     torch.manual_seed(seed)
@@ -45,14 +39,6 @@ def make_model(seed=0, exact=True, **overrides):
             if isinstance(m, torch.nn.LayerNorm):
                 m.eps = 0.0
     return model.eval()
-
-
-def randomise_queries(model, seed=1, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "res_query" in name:
-                p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
 def batch(seed=0, b=3, t=16, vocab=64):

@@ -23,7 +23,7 @@ import torch
 import fold
 import sample
 from checkpoint import load_checkpoint, load_model, model_args, save_checkpoint
-from helpers import perturb_norms_and_biases
+from helpers import perturb_norms_and_biases, randomise_queries
 from model import GPT, GPTConfig, LowRankLinear
 from shards import get_tokenizer
 
@@ -35,7 +35,7 @@ DLR = dict(lowrank_rank=8, dlr=True, dlr_alpha=1.3)
 def tiny_model(seed=0, **overrides):
     """A tiny GPT with non-trivial weights: random LayerNorms, biases and pseudo-queries."""
     torch.manual_seed(seed)
-    model = perturb_norms_and_biases(GPT(GPTConfig(**dict(TINY, **overrides))), query_scale=2.0)
+    model = randomise_queries(perturb_norms_and_biases(GPT(GPTConfig(**dict(TINY, **overrides)))), seed=seed)
     return model.eval()
 
 
