@@ -21,29 +21,40 @@ from contextlib import nullcontext
 
 import torch
 
+from common import boolean, die, run_settings
 from model import GPT, GPTConfig
 
-# name -> (GPTConfig overrides, the row it is compared with)
+# row -> the row it is compared with. Rows are run names as in compare.py (common.run_settings), plus
+# 'dense' (standard, the low-rank rows' reference) and 'folded/rank=R' (dlr/rank=R folded for inference)
 ROWS = {
-    "standard": ({}, "standard"),
-    "attnres/res_blocks=0": ({"residual": "attnres", "res_blocks": 0}, "standard"),
-    "attnres/res_blocks=4": ({"residual": "attnres", "res_blocks": 4}, "standard"),
-    "delta/res_blocks=0": ({"residual": "delta", "res_blocks": 0}, "standard"),
-    "delta/res_blocks=4": ({"residual": "delta", "res_blocks": 4}, "standard"),
-    "rd/res_blocks=0": ({"residual": "rd", "res_blocks": 0}, "standard"),
-    "rd/res_blocks=4": ({"residual": "rd", "res_blocks": 4}, "standard"),
-    "dense": ({}, "dense"),
-    "lowrank/rank={r}": ({"lowrank_rank": "{r}"}, "dense"),
-    "dlr/rank={r}": ({"lowrank_rank": "{r}", "dlr": True}, "dense"),
-    "folded/rank={r}": ({"lowrank_rank": "{r}", "dlr": True, "fold": True}, "lowrank/rank={r}"),
+    "standard": "standard",
+    "attnres/res_blocks=0": "standard",
+    "attnres/res_blocks=4": "standard",
+    "delta/res_blocks=0": "standard",
+    "delta/res_blocks=4": "standard",
+    "rd/res_blocks=0": "standard",
+    "rd/res_blocks=4": "standard",
+    "dense": "dense",
+    "lowrank/rank={r}": "dense",
+    "dlr/rank={r}": "dense",
+    "folded/rank={r}": "lowrank/rank={r}",
 }
+
+
+def row_settings(name):
+    """GPTConfig overrides of a row, plus fold=True for a folded one."""
+    if name == "dense":
+        return run_settings("standard")
+    if name.startswith("folded/"):
+        return dict(run_settings("dlr/" + name.partition("/")[2]), fold=True)
+    return run_settings(name)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--compile", action="store_true", help="torch.compile every model, for training and decoding")
+    p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False, help="torch.compile every model, for training and decoding")
     p.add_argument("--n_layer", type=int, default=8)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--n_embd", type=int, default=256)
@@ -207,15 +218,15 @@ def plot_width(paths, out):
             with open(path) as f:
                 data = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
-            raise SystemExit(f"error: cannot read {path} ({e}); give files written by bench.py --json")
+            die(f"cannot read {path} ({e}); give files written by bench.py --json")
         try:
             setting = f"{'compiled' if data['compile'] else 'eager'} {data['dtype']}"
             width = data["config"]["n_embd"]
             ratios = {(r["name"], r["phase"]): r["ratio"] for r in data["rows"]}
         except (KeyError, TypeError) as e:
-            raise SystemExit(f"error: {path} is not a file written by bench.py --json (no {e}); rerun bench.py with --json")
+            die(f"{path} is not a file written by bench.py --json (no {e}); rerun bench.py with --json")
         if width in runs.setdefault(setting, {}):
-            raise SystemExit(f"error: two files for {setting} at n_embd={width} ({path} is the second); plot one run per width")
+            die(f"two files for {setting} at n_embd={width} ({path} is the second); plot one run per width")
         runs[setting][width] = ratios
 
     series = {}
@@ -258,13 +269,12 @@ def main():
     if args.compile:  # ~4 graphs per row (training, prefill, decoding); past the limit dynamo silently runs eager
         torch._dynamo.config.recompile_limit = 16 * len(ROWS)
     rank = args.rank or args.n_embd // 4
-    rows = {name.format(r=rank): ({k: (rank if v == "{r}" else v) for k, v in cfg.items()}, ref.format(r=rank))
-            for name, (cfg, ref) in ROWS.items()}
+    rows = {name.format(r=rank): (row_settings(name.format(r=rank)), ref.format(r=rank)) for name, ref in ROWS.items()}
     if args.rows != "all":
         wanted = args.rows.split(",")
         unknown = [w for w in wanted if w not in rows]
         if unknown:
-            raise SystemExit(f"error: unknown row(s) {unknown}; choose from {', '.join(rows)}")
+            die(f"unknown row(s) {unknown}; choose from {', '.join(rows)}")
         for w in wanted:  # keep each row's reference, and its reference's (folded -> lowrank -> dense)
             if rows[w][1] not in wanted:
                 wanted.append(rows[w][1])

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
+from common import write_atomic
 from download import download
 from model import GPT, GPTConfig
-from shards import write_atomic
 
 
 def save_checkpoint(obj, path):
-    """torch.save through shards.write_atomic: an interrupted save or a power cut never leaves a
+    """torch.save through common.write_atomic: an interrupted save or a power cut never leaves a
     file that looks complete, and the previous checkpoint survives until the new one is on disk."""
     write_atomic(path, lambda f: torch.save(obj, f))
 

@@ -39,8 +39,8 @@ seed and value, and with its parent in the papers: rd and delta with attnres at 
 low-rank twin.
 
 The train.py processes inherit the environment: on a CPU that other programs share, OMP_NUM_THREADS=1
-avoids torch threads waiting on each other (measured: 2 threads on 2 busy cores made the Shakespeare
-recipe's steps 6-10x slower than 1 thread); --jobs above 1 sets it when you have not.
+avoids torch threads waiting on each other, which slows small models several times over (docs/speed.md,
+"Measurements behind the code"); --jobs above 1 sets it when you have not.
 
 Output in <out_dir>/compare/: results.md, results.json, val_loss.png, routing_<run>.png (one per
 routed run) and max_weight_by_depth.png (one of each per value with --sweep), and with --sweep
@@ -66,11 +66,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import configurator  # noqa: E402
-from common import routing_summary, sublayer_routes  # noqa: E402
-from model import RESIDUAL_MODES  # noqa: E402
+from common import die, routing_summary, run_name, sublayer_routes  # noqa: E402
+from common import run_settings as common_run_settings  # noqa: E402
 
 REFERENCE = "standard"  # every run is compared with the standard (dense) run of the same seed
-ROUTED = [m for m in RESIDUAL_MODES if m != "standard"] + ["rd_fixedv"]
 GRIDS = {
     "residual": ["standard"] + [f"{m}/res_blocks={n}" for m in ("attnres", "delta", "rd") for n in (0, 4)],
     "lowrank": ["standard", "lowrank/rank=32", "dlr/rank=32"],
@@ -99,42 +98,14 @@ def split_point(name):
 
 
 def run_settings(name):
-    """train.py settings of a run, read from its name: `[key=value/]<kind>[/key=value...]`, e.g.
-    'delta/res_blocks=4', 'dlr/rank=32', 'n_layer=8/rd_fixedv/res_blocks=0'. kind is a residual mode,
-    rd_fixedv, lowrank or dlr; keys are res_blocks (routed modes) and rank."""
+    """train.py settings of a run (common.run_settings), with the sweep value its name may start with:
+    'n_layer=8/rd_fixedv/res_blocks=0' -> n_layer=8 and rd_fixedv's settings."""
     point, name = split_point(name)
-    kind, *parts = name.split("/")
-    if kind not in RESIDUAL_MODES + ("rd_fixedv", "lowrank", "dlr"):
-        raise ValueError(f"run {name!r}: it must start with one of {', '.join(RESIDUAL_MODES)}, rd_fixedv, lowrank, dlr")
-    routed = kind in ROUTED
-    residual = "rd" if kind == "rd_fixedv" else kind if kind in RESIDUAL_MODES else "standard"
-    settings = dict(residual=residual, **dict(res_blocks=0) if routed else {},
-                    **dict(fixed_value_route=kind == "rd_fixedv") if residual == "rd" else {},
-                    lowrank_rank=0, dlr=kind == "dlr")
-    keys = {"res_blocks": "res_blocks", "rank": "lowrank_rank"} if routed else {"rank": "lowrank_rank"}
-    for part in parts:
-        key, sep, value = part.partition("=")
-        if key not in keys or not sep or not value.isdigit():
-            raise ValueError(f"run {name!r}: {part!r} is not {' or '.join(k + '=N' for k in keys)} (N an integer)")
-        settings[keys[key]] = int(value)
-    if kind in ("lowrank", "dlr") and not settings["lowrank_rank"]:
-        raise ValueError(f"run {name!r}: {kind} needs a rank, e.g. {kind}/rank=32")
+    settings = common_run_settings(name)
     if point:
         key, _, value = point.partition("=")
         settings = {key: configurator.parse_value(key, value, TRAIN_DEFAULTS), **settings}
     return settings
-
-
-def run_name(settings):
-    """The canonical name of a run's settings (so 'attnres' and 'attnres/res_blocks=0' are one run)."""
-    if settings["residual"] == "standard" and settings["lowrank_rank"]:
-        return f"{'dlr' if settings['dlr'] else 'lowrank'}/rank={settings['lowrank_rank']}"
-    name = "rd_fixedv" if settings.get("fixed_value_route") else settings["residual"]
-    if name != "standard":
-        name += f"/res_blocks={settings['res_blocks']}"
-    if settings["lowrank_rank"]:
-        name += f"/rank={settings['lowrank_rank']}"
-    return name
 
 
 def select_runs(runs, sweep=None):
@@ -859,8 +830,7 @@ if __name__ == "__main__":
     try:
         main(sys.argv[1:])
     except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        die(e)
     except KeyboardInterrupt:
         print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
         sys.exit(130)

@@ -14,34 +14,31 @@ import re
 import sys
 from pathlib import Path
 
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+from common import die
 
 
 def checked(key, value, defaults, where):
     """value, if key is known and value has the default's type; else exit with a one-line error."""
     if key not in defaults:
-        fail(f"unknown config key {key!r}{where} (see --help)")
+        die(f"unknown config key {key!r}{where} (see --help)", 2)
     default = defaults[key]
     if isinstance(default, float) and type(value) is int:
         value = float(value)
     if type(value) is not type(default):
         kind = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}[type(default)]
-        fail(f"{key}={value!r}{where} should be {kind}, like its default {default!r}")
+        die(f"{key}={value!r}{where} should be {kind}, like its default {default!r}", 2)
     return value
 
 
 def parse_value(key, text, defaults):
     if key not in defaults:
-        fail(f"unknown config key {key!r} (see --help)")
+        die(f"unknown config key {key!r} (see --help)", 2)
     if isinstance(defaults[key], str):
         return text
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        fail(f"cannot read --{key}={text}: give a Python literal like its default {defaults[key]!r}")
+        die(f"cannot read --{key}={text}: give a Python literal like its default {defaults[key]!r}", 2)
 
 
 def script_defaults(script):
@@ -90,12 +87,12 @@ def configure(defaults, argv, script):
                 with open(arg) as f:
                     source = f.read()
             except OSError as e:
-                fail(f"cannot read config file {arg} ({e.strerror})")
+                die(f"cannot read config file {arg} ({e.strerror})", 2)
             namespace = {}
             try:
                 exec(compile(source, arg, "exec"), namespace)
             except Exception as e:
-                fail(f"config file {arg} does not run: {type(e).__name__}: {e}")
+                die(f"config file {arg} does not run: {type(e).__name__}: {e}", 2)
             for key, value in namespace.items():
                 if not key.startswith("_") and not callable(value) and type(value).__name__ != "module":
                     config[key] = checked(key, value, defaults, f" in {arg}")
@@ -103,7 +100,7 @@ def configure(defaults, argv, script):
         else:
             key, eq, text = arg[2:].partition("=")
             if not eq:
-                fail(f"expected --key=value, got {arg!r}")
+                die(f"expected --key=value, got {arg!r}", 2)
             config[key] = checked(key, parse_value(key, text, defaults), defaults, "")
             explicit.add(key)
     return config, explicit

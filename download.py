@@ -7,7 +7,7 @@ The bytes stream into dest + ".part" with a progress line on stderr. A dropped
 connection is resumed with an HTTP Range request (or restarted, if the server ignores
 Range); timeouts, dropped connections and 5xx answers are retried with exponential
 backoff; 4xx answers fail at once. Only when the file has the length the server
-announced is it renamed (durably: shards.durable_replace) to dest. Where the server
+announced is it renamed (durably: common.durable_replace) to dest. Where the server
 publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
 shards), the bytes must match it too, or they are fetched again; the verified hash is
 kept in dest + ".sha256" (sha256sum's format). Every expected failure is a
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from shards import durable_replace, write_atomic
+from common import durable_replace, write_atomic
 
 CHUNK_BYTES = 1 << 16  # a read cut short by a dropped connection is lost, so keep reads small
 

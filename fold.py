@@ -21,12 +21,12 @@ optimizer state is dropped, as it belongs to the weights before the fold.
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import torch
 
 from checkpoint import load_model, load_state_into, save_checkpoint
+from common import boolean, die
 from model import GPT, GPTConfig, LowRankLinear
 
 # The check fails when max |logit diff| exceeds this fraction of max |logit|. A fold stores the very
@@ -41,16 +41,11 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", default="out/ckpt.pt", help="the checkpoint to fold")
     p.add_argument("--out", required=True, help="where to write the folded checkpoint (never the input)")
-    p.add_argument("--dense", action="store_true", help="also multiply out B A into dense weights")
+    p.add_argument("--dense", type=boolean, nargs="?", const=True, default=False, help="also multiply out B A into dense weights")
     p.add_argument("--device", default="cpu")
     p.add_argument("--check_batch", type=int, default=4, help="sequences in the verification batch")
     p.add_argument("--seed", type=int, default=0, help="seed of the verification batch")
     return p.parse_args(argv)
-
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
 
 
 def same_file(a, b):
@@ -93,21 +88,21 @@ def all_logits(model, idx):
 def main(argv=None):
     args = parse_args(argv)
     if same_file(args.ckpt, args.out):
-        fail(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out/folded.pt")
+        die(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out/folded.pt")
     try:
         model, ckpt = load_model(args.ckpt, args.device, dropout=0.0)
     except (FileNotFoundError, ValueError) as e:
-        fail(e)
+        die(e)
     model.eval()
     cfg = model.config
     had_dlr = cfg.dlr  # model.fold_dlr() below switches cfg.dlr off
     if cfg.lowrank_rank == 0:
-        fail(f"{args.ckpt} has dense linears (lowrank_rank=0): there is nothing to fold")
+        die(f"{args.ckpt} has dense linears (lowrank_rank=0): there is nothing to fold")
     if not args.dense and not had_dlr:
-        fail(f"{args.ckpt} has no DLR (dlr=False): there is nothing to fold; "
+        die(f"{args.ckpt} has no DLR (dlr=False): there is nothing to fold; "
              "--dense multiplies out its low-rank B A instead")
     if args.dense and cfg.lowrank_act != "identity":
-        fail(f"--dense needs lowrank_act=identity, {args.ckpt} has {cfg.lowrank_act}: B {cfg.lowrank_act}(A x) "
+        die(f"--dense needs lowrank_act=identity, {args.ckpt} has {cfg.lowrank_act}: B {cfg.lowrank_act}(A x) "
              "is not a linear map of x, so no dense matrix equals it")
 
     # the target: the DLR-free low-rank model, or the dense one
@@ -141,9 +136,9 @@ def main(argv=None):
         print(f"{label:<22} {n:>14,} {f:>16,}")
     print(f"max |logit diff| {diff:.3g} on {args.check_batch} x {T} random tokens (max |logit| {scale:.3g})")
     if after_count != reference_count:
-        fail(f"the result does not have the size of a fresh {what} model; not writing {args.out}")
+        die(f"the result does not have the size of a fresh {what} model; not writing {args.out}")
     if not diff <= CHECK_RTOL * max(scale, 1.0):
-        fail(f"the logits changed by {diff:.3g}, more than {CHECK_RTOL:g} of their scale; not writing {args.out}")
+        die(f"the logits changed by {diff:.3g}, more than {CHECK_RTOL:g} of their scale; not writing {args.out}")
 
     out = {k: v for k, v in ckpt.items() if k != "optimizer"}  # the optimizer state belongs to the old weights
     out.update(model=new_state, model_args=new_args,

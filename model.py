@@ -198,8 +198,8 @@ class CausalSelfAttention(nn.Module):
         else:
             mask, is_causal = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past), False
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-            # PyTorch's CPU flash attention is slower in bf16 than in fp32 (its backward 4x at head
-            # size 32, measured), while the projections around it gain from bf16: attend in fp32
+            # PyTorch's CPU flash attention is slower in bf16 than in fp32 (docs/speed.md, "Measurements
+            # behind the code"), while the projections around it gain from bf16: attend in fp32
             q, k, v = q.float(), k.float(), v.float()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            dropout_p=self.dropout if self.training else 0.0)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import die
 from download import DownloadError, download
 from shards import (ShardError, find_shards, get_tokenizer, load_meta, read_shard,
                     write_meta, write_shard)
@@ -338,8 +339,7 @@ def main():
         prepare(args.name, out=args.out, tokenizer=args.tokenizer, shards=args.shards, inputs=args.inputs,
                 url=args.url, val_fraction=args.val_fraction)
     except (ValueError, DownloadError, OSError) as e:  # ShardError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        die(e)
     except KeyboardInterrupt:
         print("\ninterrupted: nothing half-written was left under a final name; run again to resume", file=sys.stderr)
         sys.exit(130)

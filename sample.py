@@ -23,18 +23,10 @@ from pathlib import Path
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_gpt2, load_model, load_state_into
+from common import boolean, die
 from download import DownloadError
 from model import GPT, GPTConfig
 from shards import get_tokenizer
-
-
-def boolean(s):
-    """--flag, --flag=True and --flag=false all work, as in nanoGPT's --key=value configs."""
-    if s.lower() in ("1", "true", "yes"):
-        return True
-    if s.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
 
 
 def parse_args(argv=None):
@@ -61,12 +53,6 @@ def parse_args(argv=None):
     if args.temperature < 0 or args.num_samples < 0 or args.max_new_tokens < 0:
         p.error("--temperature, --num_samples and --max_new_tokens must not be negative")
     return args
-
-
-def fail(message):
-    """The one-line error every failure the user can fix ends in: no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
 
 
 def load(args):
@@ -159,7 +145,7 @@ def main(argv=None):
         model, tokenizer = load(args)
         ids = read_prompt(args.start, tokenizer, model.config.block_size)
     except (FileNotFoundError, ValueError, DownloadError) as e:  # a missing checkpoint, an unknown tokenizer, ...
-        fail(e)
+        die(e)
     device_type = "cuda" if "cuda" in args.device else "cpu"
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     ctx = nullcontext() if args.dtype == "float32" else torch.amp.autocast(device_type=device_type, dtype=ptdtype)

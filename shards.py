@@ -15,17 +15,16 @@ API:
     write_meta(data_dir, meta) / load_meta(data_dir)
     get_tokenizer(name)                "bytes" or "gpt2": .encode .decode .vocab_size .eot
     ShardError                         a bad or missing file; the message says how to fix it
-    write_atomic(path, write)          the atomic, durable file writer (checkpoints use it too)
-    durable_replace(src, dst)          its rename, fsynced (finished downloads use it)
 """
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+
+from common import write_atomic
 
 MAGIC = 20240520
 VERSION = 1  # llm.c's version 2 holds uint32 tokens (Llama 3); we only need uint16
@@ -47,37 +46,6 @@ def _remedy(path):
     except (OSError, ValueError):
         pass
     return f"delete it and run `{command}` again"
-
-
-def write_atomic(path, write):
-    """Call write(f) on a temporary file next to path, then durable_replace it onto path: an interrupted
-    run or a power cut leaves the old file or the new one under path, never part of one. A failure
-    removes the temporary file. Checkpoints, shards and meta.json are all written this way."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        durable_replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def durable_replace(src, dst):
-    """os.replace(src, dst) that survives a power cut. A rename can reach the disk before the bytes it
-    names, and a power cut then leaves an empty file under dst: so src's bytes are fsynced first, and
-    the folder after, so that the rename itself is on disk when this returns."""
-    with open(src, "ab") as f:  # fsync needs a descriptor; "ab" changes nothing and works on every OS
-        os.fsync(f.fileno())
-    os.replace(src, dst)
-    if os.name != "nt":  # Windows cannot open a folder; NTFS journals the rename itself
-        folder = os.open(Path(dst).parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
 
 
 def write_shard(path, tokens):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import provenance, routing_summary
+from common import die, provenance, routing_summary
 from checkpoint import GPT2_CONFIGS, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
 from download import DownloadError
 from model import GPT, GPTConfig
@@ -86,13 +86,6 @@ config_keys = [k for k, v in globals().items() if not k.startswith("_") and isin
 config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
 globals().update(config)  # config files and --key=value overrides
 # -----------------------------------------------------------------------------
-
-
-def die(message):
-    """An expected failure: one line on stderr, no traceback."""
-    prefix = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
-    print(f"{prefix}error: {message}", file=sys.stderr)
-    sys.exit(1)
 
 
 # distributed: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE

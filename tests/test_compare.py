@@ -295,7 +295,7 @@ def test_finished_runs_are_not_rerun(tmp_path, capsys):
 # through train.py
 
 # one torch thread: a model this small gains nothing from two, and on a busy machine two threads that
-# wait for each other made each step ~100x slower (measured: 7 ms vs 730 ms)
+# wait for each other make every step many times slower (docs/speed.md, "Measurements behind the code")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--device=cpu",
         "--log_interval=1", "--always_save_checkpoint=False", "--warmup_iters=2"]

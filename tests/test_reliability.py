@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import common
 import shards
 from checkpoint import load_checkpoint, model_args, save_checkpoint
 from download import download
@@ -72,8 +73,8 @@ def syncs(monkeypatch):
     """A list that records, in order, ("fsync", the synced path) and ("replace", its destination)."""
     calls = []
     fsync, replace = os.fsync, os.replace
-    monkeypatch.setattr(shards.os, "fsync", lambda fd: calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
-    monkeypatch.setattr(shards.os, "replace", lambda src, dst: calls.append(("replace", str(dst))) or replace(src, dst))
+    monkeypatch.setattr(common.os, "fsync", lambda fd: calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(common.os, "replace", lambda src, dst: calls.append(("replace", str(dst))) or replace(src, dst))
     return calls
 
 

@@ -69,8 +69,8 @@ def tokens(seed=0, b=3, t=32):
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """Tiny models: a second intra-op thread costs more than it saves, and on a loaded machine
-    (measured: 2 cores, load 5) the threads' waiting made these tests 20-50x slower."""
+    """Tiny models: a second intra-op thread costs more than it saves, and on a loaded machine the
+    threads' waiting makes these tests many times slower (docs/speed.md, "Measurements behind the code")."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -9,7 +9,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the scripts and helpers live at the repo root
 
-import shards
+import common
 from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard, write_meta, write_shard
 
 
@@ -44,7 +44,7 @@ def test_tokens_that_do_not_fit_uint16_are_refused(tmp_path):
 def test_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
     def interrupted(src, dst):
         raise KeyboardInterrupt
-    monkeypatch.setattr(shards.os, "replace", interrupted)
+    monkeypatch.setattr(common.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_shard(tmp_path / "x_train_000000.bin", np.arange(1000))
     assert list(tmp_path.iterdir()) == []
