@@ -14,7 +14,7 @@ Options:
   --sweep=K=A,B   run the grid at each value of one train.py key K (e.g. n_layer=4,8,16)
   --jobs=N        N training runs at a time, each on one torch thread unless OMP_NUM_THREADS is set
   --publish=DIR   copy results.md, results.json, the pictures and every finished run's log into DIR
-                  (results.md there links its images as DIR/<file>, so it pastes into a README here);
+                  (results.md links its pictures as files next to it, so its links work in DIR too);
                   a run whose published log has finished is taken from DIR, never trained again
   --report=True   write the results from the runs finished so far, train nothing
 Every other --key=value goes to train.py, for every run (python train.py --help lists them); all are
@@ -320,16 +320,16 @@ def sweep_table(results):
     return "\n".join(lines)
 
 
-def markdown(results, image_dir):
-    """results.md: the tables and the pictures, image links under image_dir ('' for next to results.md)."""
-    img = lambda file: f"{image_dir}/{file}" if image_dir else file
+def markdown(results):
+    """results.md: the tables and the pictures, linked as files next to results.md (so the links work
+    where it is published, e.g. docs/compare/<grid>/results.md)."""
     figures = results["figures"]
     lines = [f"Measured with `{results['command']}`: {results['max_iters']} iterations per run, "
              f"seeds {', '.join(map(str, results['seeds']))}, on {results['machine']}.", ""]
     if results["points"] != [""]:
         lines += ["Paired Δ val loss (nats, run − reference, mean ± std over seeds; wins/seeds) at each value:", "",
                   sweep_table(results), ""]
-        lines += [f"![{title}]({img(figures[key])})" for key, title in
+        lines += [f"![{title}]({figures[key]})" for key, title in
                   (("sweep_val_loss", "paired Δ val loss at each value"), ("sweep_max_weight", "deepest route's max weight at each value"))
                   if key in figures] + ["", "Every run:", ""]
     lines.append(table(results))
@@ -345,14 +345,14 @@ def markdown(results, image_dir):
     lines += ["", note + "s/run: train.py's time for one run (evals included).", ""]
     for key, title in (("val_loss", "val loss of every run, mean over seeds"),
                        ("max_weight_by_depth", "max routing weight by depth, attnres vs delta")):
-        lines += [f"![{title}{' at ' + pt if pt else ''}]({img(file)})" for pt, file in figures.get(key, {}).items()]
+        lines += [f"![{title}{' at ' + pt if pt else ''}]({file})" for pt, file in figures.get(key, {}).items()]
         lines += [""] if figures.get(key) else []
     routing = figures.get("routing", {})
     if routing:
         lines.append("Depth routing at the final eval (rows: the route's sublayer; columns: its sources; mean weight):")
         lines.append("")
         width = "49%" if len(routing) > 1 else "70%"
-        lines += [f'<img src="{img(file)}" alt="routing of {name}" width="{width}">' for name, file in routing.items()]
+        lines += [f'<img src="{file}" alt="routing of {name}" width="{width}">' for name, file in routing.items()]
         lines.append("")
     return "\n".join(lines)
 
@@ -575,7 +575,7 @@ def write_results(compare_dir, records, names, seeds, meta, publish=None):
             plot_sweep_max_weight(results, compare_dir / "sweep_max_weight.png")
             figures["sweep_max_weight"] = "sweep_max_weight.png"
     (compare_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (compare_dir / "results.md").write_text(markdown(results, "") + "\n")
+    (compare_dir / "results.md").write_text(markdown(results) + "\n")
     if publish:
         publish = Path(publish)
         publish.mkdir(parents=True, exist_ok=True)
@@ -583,8 +583,8 @@ def write_results(compare_dir, records, names, seeds, meta, publish=None):
                  *figures["max_weight_by_depth"].values(), *figures["routing"].values()]
         for file in filter(None, files):
             shutil.copyfile(compare_dir / file, publish / file)
-        shutil.copyfile(compare_dir / "results.json", publish / "results.json")
-        (publish / "results.md").write_text(markdown(results, publish.as_posix()) + "\n")
+        for file in ("results.json", "results.md"):
+            shutil.copyfile(compare_dir / file, publish / file)
     return results
 
 

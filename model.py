@@ -298,8 +298,8 @@ class DepthSources:
       each source once (memory O(depth), not O(depth^2) as a stack per sublayer would). Without
       autograd (decoding) there is no memory to save, and one stacked multiply-sum is fewer calls.
     The papers' two-phase mix (all routes of a block in one batched matmul over stacked sources)
-    measured slower than this in eager PyTorch on a CPU (README, "Speed"); torch.compile fuses
-    each route into one loop instead.
+    measured slower than this in eager PyTorch on a CPU (docs/speed.md, "Tried, measured slower");
+    torch.compile fuses each route into one loop instead.
     """
 
     def __init__(self, e, queries, collect=False):

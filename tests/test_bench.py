@@ -1,5 +1,5 @@
 """
-bench.py end to end on a tiny config: the rows and JSON keys the README's tables are built from,
+bench.py end to end on a tiny config: the rows and JSON keys the tables of docs/speed.md are built from,
 ratios that are what they claim to be, and memory counts that see what routing keeps for backward.
 (No speed is asserted here: speed is what bench.py itself measures, side by side.)
 """
