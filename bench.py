@@ -10,18 +10,17 @@ peak memory and MFU.
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --rows=standard,delta/res_blocks=0
     python bench.py --plot=ratios.png run_256.json run_512.json   # routing's cost against width
 
-MFU is measured against the matmul throughput this script measures at start-up on the same
-device and dtype (a large square matmul), not against a datasheet figure.
+MFU is measured against the same peak as train.py's (common.peak_flops): a GPU's datasheet figure,
+else the matmul throughput measured at start-up on the same device and dtype; --peak_tflops sets it.
 """
 
 import argparse
 import json
 import time
-from contextlib import nullcontext
 
 import torch
 
-from common import boolean, die, run_settings
+from common import DTYPES, autocast, boolean, die, peak_flops, resolve_device, resolve_dtype, run_settings, synchronize
 from model import GPT, GPTConfig
 
 # row -> the row it is compared with. Rows are run names as in compare.py (common.run_settings), plus
@@ -52,8 +51,9 @@ def row_settings(name):
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto (cuda, mps, then cpu) | cpu | cuda | cuda:N | mps")
+    p.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help="auto as in train.py")
+    p.add_argument("--peak_tflops", type=float, default=0.0, help="MFU's peak, TFLOP/s (default: as train.py)")
     p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False, help="torch.compile every model, for training and decoding")
     p.add_argument("--n_layer", type=int, default=8)
     p.add_argument("--n_head", type=int, default=8)
@@ -73,29 +73,12 @@ def parse_args():
     args = p.parse_args()
     if bool(args.plot) != bool(args.inputs):
         p.error("--plot and JSON files go together: python bench.py --plot=OUT.png A.json B.json ...")
+    try:
+        args.device = resolve_device(args.device)
+        args.dtype = resolve_dtype(args.dtype, args.device)
+    except ValueError as e:
+        p.error(str(e))
     return args
-
-
-def measure_peak_flops(device, dtype, n=2048, reps=5, rounds=5):
-    """Matmul FLOP/s of this device and dtype: the ceiling MFU is measured against (fastest round)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(rounds):
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 * reps / best
-
-
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 class SavedTensorBytes:
@@ -155,11 +138,11 @@ class Row:
         self.optimizer.zero_grad(set_to_none=True)
 
     def time_train(self, steps):
-        sync(self.args.device)
+        synchronize(self.args.device)
         t0 = time.perf_counter()
         for _ in range(steps):
             self.train_step()
-        sync(self.args.device)
+        synchronize(self.args.device)
         self.times["train"].append((time.perf_counter() - t0) / steps)
 
     @torch.no_grad()
@@ -168,22 +151,28 @@ class Row:
         cache = self.model.make_cache()
         with self.ctx:
             logits, _ = self.forward(self.prompt, cache=cache)  # prefill, not timed
-            sync(self.args.device)
+            synchronize(self.args.device)
             t0 = time.perf_counter()
             for _ in range(n_tokens):
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
                 logits, _ = self.forward(token, cache=cache)
-            sync(self.args.device)
+            synchronize(self.args.device)
         self.times["decode"].append((time.perf_counter() - t0) / n_tokens)
         self.model.train()
 
     def measure_memory(self):
         dev = self.args.device
         if dev.startswith("cuda"):
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+            # every row's model and optimizer live on the GPU together: count this row's own state and
+            # what its step allocates above what was there before, i.e. its peak were it alone
+            state = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers(),
+                        *(v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v))))
+            synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            before = torch.cuda.memory_allocated(dev)
             self.train_step()
-            self.peak_mem = torch.cuda.max_memory_allocated() / 2 ** 20
+            synchronize(dev)
+            self.peak_mem = (state + torch.cuda.max_memory_allocated(dev) - before) / 2 ** 20
             return
         state = sum(p.numel() * p.element_size() for p in self.model.parameters()) * 4  # params, grads, 2 moments
         with SavedTensorBytes() as saved, self.ctx:
@@ -279,13 +268,11 @@ def main():
             if rows[w][1] not in wanted:
                 wanted.append(rows[w][1])
         rows = {k: v for k, v in rows.items() if k in wanted}
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    device_type = args.device.split(":")[0]
-    ctx = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+    ctx = autocast(args.device, args.dtype)
 
-    peak = measure_peak_flops(args.device, dtype)
+    peak, peak_source = peak_flops(args.device, args.dtype, args.peak_tflops)
     print(f"device {args.device}, {args.dtype}{', compiled' if args.compile else ''}, torch threads "
-          f"{torch.get_num_threads()}; matmul peak measured {peak / 1e12:.2f} TFLOP/s")
+          f"{torch.get_num_threads()}; matmul peak {peak / 1e12:.2f} TFLOP/s, from {peak_source}")
     print(f"config: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads, context {args.block_size}, "
           f"batch {args.batch_size}, vocab {args.vocab_size}; low-rank rank {rank}")
 

@@ -86,8 +86,10 @@ def load_state_into(model, state_dict):
 
 def load_model(path, device="cpu", **overrides):
     """(model, checkpoint) from a checkpoint file. overrides change GPTConfig fields, e.g.
-    residual="delta" to convert into another mode, or dropout=0.0 for inference."""
-    ckpt = load_checkpoint(path, map_location=device)
+    residual="delta" to convert into another mode, or dropout=0.0 for inference. The checkpoint is
+    read into CPU memory and only the model moves to the device: mapped there directly, its AdamW
+    state would take twice the model's GPU memory (and the GPU it was saved from, which may be busy)."""
+    ckpt = load_checkpoint(path, map_location="cpu")
     model_args = dict(ckpt["model_args"])
     model_args.update(overrides)
     model = GPT(GPTConfig.from_dict(model_args))
@@ -139,12 +141,17 @@ def gpt2_state_dict(path):
     return sd
 
 
-def load_gpt2(name, cache_dir="cache", url=None):
-    """(model_args, state_dict) of OpenAI's GPT-2 `name` (gpt2, gpt2-medium, gpt2-large, gpt2-xl),
+def download_gpt2(name, cache_dir="cache", url=None):
+    """The path of OpenAI's GPT-2 `name` (gpt2, gpt2-medium, gpt2-large, gpt2-xl) model.safetensors,
     downloaded once into cache_dir from Hugging Face ($HF_ENDPOINT, if set, names a mirror) or url."""
     if name not in GPT2_CONFIGS:
         raise ValueError(f"unknown GPT-2 model {name!r}: choose one of {', '.join(GPT2_CONFIGS)}")
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     url = url or f"{endpoint}/openai-community/{name}/resolve/main/model.safetensors"
-    path = download(url, Path(cache_dir) / f"{name}.safetensors", desc=f"{name} weights")
-    return gpt2_model_args(name), gpt2_state_dict(path)
+    return download(url, Path(cache_dir) / f"{name}.safetensors", desc=f"{name} weights")
+
+
+def load_gpt2(name, cache_dir="cache", url=None):
+    """(model_args, state_dict) of OpenAI's GPT-2 `name`, downloaded first if it is not in cache_dir
+    (download_gpt2). Under torchrun, train.py downloads on one rank per node before any rank loads."""
+    return gpt2_model_args(name), gpt2_state_dict(download_gpt2(name, cache_dir, url))

@@ -66,7 +66,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import configurator  # noqa: E402
-from common import die, routing_summary, run_name, sublayer_routes  # noqa: E402
+from common import die, hms, routing_summary, run_name, sublayer_routes  # noqa: E402
 from common import run_settings as common_run_settings  # noqa: E402
 
 REFERENCE = "standard"  # every run is compared with the standard (dense) run of the same seed
@@ -80,7 +80,8 @@ GRIDS = {
 GRIDS["all"] = list(dict.fromkeys(GRIDS["residual"] + GRIDS["lowrank"]))
 # what each kind of run is compared with besides standard: its baseline in the papers (same res_blocks or rank)
 PARENTS = {"rd": ["attnres"], "delta": ["attnres"], "rd_fixedv": ["rd", "attnres"], "dlr": ["lowrank"]}
-RUN_KEYS = ("residual", "res_blocks", "fixed_value_route", "lowrank_rank", "dlr")  # set by each run, not on the command line
+RUN_KEYS = ("residual", "res_blocks", "fixed_value_route", "lowrank_rank", "dlr",
+            "wandb_run_name")  # set by each run, not on the command line
 PROBE_ITERS = 10  # iterations of the timing probe that makes the up-front estimate
 TRAIN = Path(__file__).resolve().parent / "train.py"
 TRAIN_DEFAULTS = configurator.script_defaults(TRAIN)  # every train.py key, with its default
@@ -637,12 +638,15 @@ def train_settings(config, passthrough):
 def train_command(config, run_dir, seed, name, passthrough):
     settings = run_settings(name)
     return ([sys.executable, str(TRAIN)] + ([config] if config else []) +
-            [f"--out_dir={run_dir}", f"--seed={seed}"] + [f"--{k}={v}" for k, v in settings.items()] + passthrough)
+            [f"--out_dir={run_dir}", f"--seed={seed}", f"--wandb_run_name={name}/seed{seed}"] +
+            [f"--{k}={v}" for k, v in settings.items()] + passthrough)
 
 
 def train_args(config, run_dir, seed, name, passthrough):
-    """What makes a run what it is: its train.py arguments, less where it writes (kept in train_args.json)."""
-    return [a for a in train_command(config, run_dir, seed, name, passthrough)[2:] if not a.startswith("--out_dir=")]
+    """What makes a run what it is: its train.py arguments, less where it writes and where it reports
+    (out_dir, wandb_*: they change nothing it computes). Kept in train_args.json."""
+    return [a for a in train_command(config, run_dir, seed, name, passthrough)[2:]
+            if not a.startswith(("--out_dir=", "--wandb_"))]
 
 
 def run_env(jobs):
@@ -701,7 +705,8 @@ def estimate_run_s(config, name, passthrough, env):
     max_iters training steps at the measured ms/iter, plus the evals (a forward costs ~1/3 of a step)."""
     settings = train_settings(config, passthrough + [f"--{k}={v}" for k, v in run_settings(name).items()])
     with tempfile.TemporaryDirectory() as tmp:
-        probe = [f"--max_iters={PROBE_ITERS}", f"--eval_interval={PROBE_ITERS}", "--eval_iters=1", "--log_interval=1"]
+        probe = [f"--max_iters={PROBE_ITERS}", f"--eval_interval={PROBE_ITERS}", "--eval_iters=1", "--log_interval=1",
+                 "--wandb_log=False"]  # a probe is no run to report
         cmd = train_command(config, tmp, 0, name, passthrough + probe)
         wall = train(cmd, Path(tmp), env)
         ms = [e["ms_per_iter"] for e in read_log(tmp) if e.get("event") == "train"][1:]  # the first step warms up
@@ -709,11 +714,6 @@ def estimate_run_s(config, name, passthrough, env):
     max_iters, eval_interval, eval_iters = (settings[k] for k in ("max_iters", "eval_interval", "eval_iters"))
     eval_steps = (max_iters // eval_interval + 1) * 2 * eval_iters / 3
     return max(wall - PROBE_ITERS * step_s, 0) + (max_iters + eval_steps) * step_s
-
-
-def hms(seconds):
-    seconds = round(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def machine(env, jobs):
@@ -740,6 +740,8 @@ def main(argv):
     compare_dir = Path(settings["out_dir"]) / "compare"
     runs_dir = compare_dir / "runs"
     passthrough = [a for a in passthrough if not a.startswith("--out_dir=")]
+    # with wandb_log=True the grid's runs form one wandb group, named after its out_dir (a --wandb_group wins)
+    passthrough = [f"--wandb_group={Path(settings['out_dir']).resolve().name}", *passthrough]
     env = run_env(jobs)
 
     # value by value, seed by seed: each value's comparison completes before the next (costlier) one starts

@@ -17,13 +17,12 @@ the Jensen-Shannon divergence between each layer's QK and V routes.
 
 import argparse
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_gpt2, load_model, load_state_into
-from common import boolean, die
+from common import DTYPES, autocast, boolean, die, resolve_device, resolve_dtype
 from download import DownloadError
 from model import GPT, GPTConfig
 from shards import get_tokenizer
@@ -42,9 +41,9 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top_k", type=int, default=200, help="sample from the k most likely tokens; 0 = all")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32",
-                   choices=("float32", "bfloat16", "float16"), help="autocast dtype (weights stay float32)")
+    p.add_argument("--device", default="auto", help="auto (cuda, mps, then cpu) | cpu | cuda | cuda:N | mps")
+    p.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
+                   help="autocast dtype (weights stay float32); auto as in train.py")
     p.add_argument("--cache", type=boolean, nargs="?", const=True, default=True,
                    help="use the key-value cache (--cache=False: a full forward per token, for comparison)")
     p.add_argument("--routing", type=boolean, nargs="?", const=True, default=False,
@@ -52,6 +51,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.temperature < 0 or args.num_samples < 0 or args.max_new_tokens < 0:
         p.error("--temperature, --num_samples and --max_new_tokens must not be negative")
+    try:
+        args.device = resolve_device(args.device)
+        args.dtype = resolve_dtype(args.dtype, args.device)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -146,9 +150,7 @@ def main(argv=None):
         ids = read_prompt(args.start, tokenizer, model.config.block_size)
     except (FileNotFoundError, ValueError, DownloadError) as e:  # a missing checkpoint, an unknown tokenizer, ...
         die(e)
-    device_type = "cuda" if "cuda" in args.device else "cpu"
-    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    ctx = nullcontext() if args.dtype == "float32" else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    ctx = autocast(args.device, args.dtype)  # on the device's own kind: cuda, mps or cpu
     x = torch.tensor(ids, dtype=torch.long, device=args.device)[None]
 
     if args.routing:

@@ -16,7 +16,6 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -26,8 +25,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import die, provenance, routing_summary
-from checkpoint import GPT2_CONFIGS, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
+from common import (NonFiniteLosses, autocast, die, hms, once_per_node, peak_flops, provenance, resolve_device,
+                    resolve_dtype, routing_summary)
+from checkpoint import GPT2_CONFIGS, download_gpt2, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
 from download import DownloadError
 from model import GPT, GPTConfig
 from prepare import DATA_ROOT, DATASETS, prepare
@@ -78,9 +78,15 @@ lr_decay_iters = 2000  # cosine decay ends here, ~= max_iters per Chinchilla
 min_lr = 1e-4  # the learning rate after decay, ~= learning_rate / 10 per Chinchilla
 # system
 device = "auto"  # auto (cuda, mps, then cpu) | cpu | cuda | cuda:1 | mps
-dtype = "auto"  # auto | float32 | bfloat16 | float16 (cuda only)
+dtype = "auto"  # auto (GPU: bfloat16, or float16 where it is emulated; CPU, MPS: float32) | float32 | bfloat16 | float16
 compile = False  # torch.compile the model
+peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure, else a measured matmul
 seed = 1337  # model init and training windows; same seed = same backbone in every residual mode
+# experiment tracking, as nanoGPT does it (needs `pip install wandb`)
+wandb_log = False  # also send what log.jsonl logs to Weights & Biases
+wandb_project = "nanoattnres"  # the wandb project
+wandb_run_name = ""  # the wandb run's name; "" = the out_dir's name
+wandb_group = ""  # a wandb group; compare.py puts the runs of one grid in one
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))]
 config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
@@ -92,25 +98,22 @@ globals().update(config)  # config files and --key=value overrides
 ddp = "RANK" in os.environ
 rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
 master = rank == 0  # only rank 0 prints, logs and saves
-if device == "auto":
-    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+try:
+    device = resolve_device(device)
+except ValueError as e:
+    die(e)
 if ddp and device.startswith("cuda"):
     device = f"cuda:{local_rank}"
 device_type = device.split(":")[0]
-if device_type not in ("cpu", "cuda", "mps"):
-    die(f"device={device!r} is not allowed: use auto, cpu, cuda, cuda:N or mps")
 if device_type == "cuda":
     torch.cuda.set_device(device)
 if ddp:
     dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-if dtype == "auto":
-    # CPU: float32. At the default model's size bfloat16 autocast costs more in casts than AMX saves:
-    # on a 2-core Xeon with AMX, 4 layers x 128 wide, 16 x 128 tokens, one thread, an iteration takes
-    # 159 ms in float32 and 175 ms in bfloat16. From ~256 wide bfloat16 wins (bench.py: 1.5x at
-    # 8 x 256), so pass dtype=bfloat16 for larger CPU models. GPUs: bfloat16, else float16.
-    dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
-if dtype not in ("float32", "bfloat16", "float16"):
-    die(f"dtype={dtype!r} is not allowed: use auto, float32, bfloat16 or float16")
+barrier = dist.barrier if ddp else None  # for once_per_node
+try:
+    dtype = resolve_dtype(dtype, device)  # auto: see common.resolve_dtype
+except ValueError as e:
+    die(e)
 if dtype == "float16" and device_type != "cuda":
     die(f"dtype=float16 needs a gradient scaler, which is CUDA only: use bfloat16 or float32 on {device_type}")
 if gradient_accumulation_steps % world_size:
@@ -118,14 +121,18 @@ if gradient_accumulation_steps % world_size:
 for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps"):
     if config[key] <= 0:
         die(f"{key}={config[key]} must be positive")
+if wandb_log and master:
+    try:
+        import wandb  # optional: only a run that logs to wandb needs it
+    except ImportError:
+        die("wandb_log=True needs the wandb package: pip install wandb (or drop wandb_log)")
 config.update(device=device, dtype=dtype)  # what this run used, saved with the checkpoint
 micro_steps = gradient_accumulation_steps // world_size  # this rank's micro-batches per iteration
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls on tensor cores
     torch.backends.cudnn.allow_tf32 = True
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+ctx = autocast(device, dtype)
 out_dir = Path(out_dir)
 ckpt_path, log_path = out_dir / "ckpt.pt", out_dir / "log.jsonl"
 if master:
@@ -135,14 +142,19 @@ if master:
 # data: data/<dataset>/*_{train,val}_*.bin and meta.json, from prepare.py
 
 data_dir = Path(dataset) if "/" in dataset else DATA_ROOT / dataset
-if dataset == "pydocs" and not (data_dir / "meta.json").exists():  # a fresh machine trains with no extra step
-    if master:
+
+
+def prepare_pydocs():
+    """A fresh machine trains with no extra step: pydocs is prepared where it is missing."""
+    if not (data_dir / "meta.json").exists():
         try:
             prepare("pydocs")
         except ValueError as e:
             die(e)
-    if ddp:
-        dist.barrier()
+
+
+if dataset == "pydocs":
+    once_per_node(prepare_pydocs, rank, local_rank, barrier)
 if not (data_dir / "meta.json").exists():
     how = f"python prepare.py {dataset}" if dataset in DATASETS else f"python prepare.py <name> --out {data_dir}"
     die(f"no dataset at {data_dir} (no meta.json): prepare it first with `{how}` (see python prepare.py --help)")
@@ -202,7 +214,7 @@ if init_from == "scratch":
         model_args["vocab_size"] = -(-meta["vocab_size"] // 64) * 64  # a multiple of 64 is faster
 elif init_from == "resume":
     try:
-        ckpt = load_checkpoint(ckpt_path, map_location=device)
+        ckpt = load_checkpoint(ckpt_path, map_location="cpu")  # the model moves to the device once built
     except (FileNotFoundError, ValueError) as e:
         die(e)
     lacking = [k for k in ("optimizer", "iter_num", "rng", "data_rng", "log_bytes") if k not in ckpt]
@@ -220,6 +232,7 @@ elif init_from == "resume":
 else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (README "Exact equivalences", 2)
     try:
         if init_from in GPT2_CONFIGS:
+            once_per_node(lambda: download_gpt2(init_from, cache_dir), rank, local_rank, barrier)  # then every rank reads it
             source_args, state = load_gpt2(init_from, cache_dir)
             source_tokenizer = "gpt2"
         else:
@@ -227,7 +240,9 @@ else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (RE
                 die(f"init_from={init_from!r}: use scratch, resume, {', '.join(GPT2_CONFIGS)}, or the path of a checkpoint")
             if Path(init_from).resolve() == ckpt_path.resolve():
                 die(f"init_from={init_from} is the checkpoint this run writes: choose another out_dir, or init_from=resume")
-            ckpt = load_checkpoint(init_from, map_location=device)
+            # to the CPU first: mapped straight to the device, the checkpoint's weights and AdamW state
+            # would take GPU memory beside the model's, and on the GPU it was saved from
+            ckpt = load_checkpoint(init_from, map_location="cpu")
             source_args, state = ckpt["model_args"], ckpt["model"]
             source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
     except (FileNotFoundError, ValueError, DownloadError) as e:
@@ -283,40 +298,6 @@ model = torch.compile(raw_model) if compile else raw_model
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False) if ddp else model
 
 
-def peak_flops():
-    """MFU's denominator, per device. CUDA: the chip's bf16 dense peak from its datasheet. CPU and
-    MPS have no such number, so MFU there is measured against what a 512 x 512 matmul reaches in the
-    training dtype (~0.2 s at startup): the fraction of the machine's practical matmul speed. On a
-    CPU it is timed on one thread and multiplied by torch's thread count: a multi-threaded timing
-    collapses whenever another process holds a core (measured: 20x), one thread only loses its share."""
-    if device_type == "cuda":
-        name = torch.cuda.get_device_name()
-        for chip, flops in (("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L4", 121e12), ("A10", 125e12)):
-            if chip in name:
-                return flops
-        return 312e12  # unknown GPU: an A100's
-    sync = torch.mps.synchronize if device_type == "mps" else (lambda: None)
-    threads = torch.get_num_threads()
-    if device_type == "cpu":
-        torch.set_num_threads(1)
-    g = torch.Generator(device=device).manual_seed(0)  # its own generator: the dropout stream stays untouched
-    a, b = (torch.randn(512, 512, generator=g, device=device, dtype=ptdtype) for _ in range(2))
-    best = 0.0
-    for _ in range(5):  # the best of five 40 ms windows
-        a @ b
-        sync()
-        reps, t0 = 0, time.time()
-        while time.time() - t0 < 0.04:
-            a @ b
-            sync()
-            reps += 1
-        best = max(best, 2 * 512 ** 3 * reps / (time.time() - t0))
-    if device_type == "cpu":
-        torch.set_num_threads(threads)
-        best *= threads
-    return best
-
-
 def get_lr(it):
     """Linear warmup (learning_rate / (warmup_iters + 1) at step 0, never 0), then cosine down to min_lr."""
     if not decay_lr:
@@ -360,10 +341,58 @@ def routing():
 
 
 def log_event(**record):
-    """Append one JSON line to out_dir/log.jsonl (rank 0)."""
+    """Append one JSON line to out_dir/log.jsonl (rank 0), and send its numbers to wandb if it logs."""
     if master:
         with open(log_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+    if wandb_run is not None and record["event"] in ("train", "eval"):
+        wandb_run.log(wandb_numbers(record), step=record["iter"])
+    elif wandb_run is not None and record["event"] == "done":
+        wandb_run.summary.update(wandb_numbers(record))
+
+
+def wandb_numbers(record):
+    """A log.jsonl record's numbers as wandb keys: its own (loss, lr, tokens_per_s, mfu, val_loss, ...)
+    and the routing summary's as routing/<key>; the per-route weights stay in log.jsonl."""
+    numbers = {k: v for k, v in record.items() if k != "iter" and type(v) in (int, float)}
+    numbers.update({f"routing/{k}": v for k, v in record.get("routing_summary", {}).items() if type(v) in (int, float)})
+    return numbers
+
+
+# float16: ten overflowing iterations in a row, each on other batches, are no accident (one is: the
+# scaler skips it); float32 and bfloat16 have no scaler, and the first one has spoilt the weights
+FLOAT16_NONFINITE_LIMIT = 10
+nonfinite = NonFiniteLosses(limit=FLOAT16_NONFINITE_LIMIT if scaler.is_enabled() else 1)
+
+
+# An iteration's loss is checked one iteration late (or at its log line): reading it at once would make
+# the CPU wait for the GPU every iteration, where it could be preparing the next batches meanwhile.
+def loss_to_host(loss):
+    """(loss on the host, an event that marks its arrival): the copy is queued behind the iteration's
+    work, so reading it later waits for that iteration only (.item() waits for all work queued since)."""
+    if device_type != "cuda":
+        return loss, None
+    host = loss.to("cpu", non_blocking=True)
+    arrived = torch.cuda.Event()
+    arrived.record()
+    return host, arrived
+
+
+def check_loss(it, host, arrived):
+    """The loss of iteration it as a float; stops the run when the loss is lost (NonFiniteLosses)."""
+    if arrived is not None:
+        arrived.synchronize()
+    lossf = host.item()
+    if nonfinite.count(lossf):
+        kept = f"the last good checkpoint, {ckpt_path} at iter {saved_iter}, is kept" if saved_iter is not None \
+            else "no checkpoint was saved"
+        in_a_row = f" ({nonfinite.in_a_row} iterations in a row)" if nonfinite.limit > 1 else ""
+        log_event(event="error", iter=it, message=f"loss is {lossf}{in_a_row}")
+        die(f"the loss is {lossf} at iter {it}{in_a_row}, stopping; {kept}. Lower learning_rate, or check the data")
+    if not math.isfinite(lossf) and master:
+        print(f"iter {it}: the loss is {lossf}; the gradient scaler skips this step "
+              f"({nonfinite.in_a_row} in a row, {nonfinite.limit} stop the run)")
+    return lossf
 
 
 if master:
@@ -382,20 +411,31 @@ if master:
             f.truncate(log_bytes)
     elif init_from != "resume":
         log_path.unlink(missing_ok=True)
+wandb_run = None
+if wandb_log and master:
+    wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir.resolve().name,
+                           group=wandb_group or None, config=config)
 # the first line says which code, machine and settings made the run (a resume adds one for its own start)
 log_event(event="start" if init_from != "resume" else "resume", iter=iter_num, **provenance(device), config=config)
 
 # -----------------------------------------------------------------------------
 # training loop
 
-peak = peak_flops() * world_size
+peak, peak_source = peak_flops(device, dtype, peak_tflops)
+if master:
+    print(f"MFU against {peak / 1e12:.3g} TFLOP/s per device, from {peak_source}")
+peak *= world_size
 t_start = t_last = time.time()
 iters_since_log, val_loss, first_val = 0, None, None
 saved_iter = iter_num if init_from == "resume" else None  # the iteration of the checkpoint in out_dir, if ours
+unread = None  # (iter, loss on the host, its event): the last iteration whose loss is not checked yet
 while True:
 
     # evaluate, log the routing, checkpoint
     if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
+        if unread:  # nothing is evaluated or saved after a lost iteration
+            check_loss(*unread)
+            unread = None
         log_bytes = log_path.stat().st_size if master and log_path.exists() else 0  # the log as of this checkpoint
         losses = estimate_loss()
         val_loss = losses["val"]
@@ -459,12 +499,9 @@ while True:
     if ddp:  # the iteration's loss: the mean over every rank's micro-batches
         dist.all_reduce(loss_sum)
         loss_sum /= world_size
-    lossf = loss_sum.item()
-    if not math.isfinite(lossf):
-        kept = f"the last good checkpoint, {ckpt_path} at iter {saved_iter}, is kept" if saved_iter is not None \
-            else "no checkpoint was saved"
-        log_event(event="error", iter=iter_num, message=f"loss is {lossf}")
-        die(f"the loss is {lossf} at iter {iter_num}, stopping; {kept}. Lower learning_rate, or check the data")
+    if unread:  # the previous iteration's: done on the device by now, while this one's work waits in its queue
+        check_loss(*unread)
+    unread = (iter_num, *loss_to_host(loss_sum))
     if grad_clip > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
@@ -475,11 +512,16 @@ while True:
     # log: time per iteration averaged since the last line
     iters_since_log += 1
     if iter_num % log_interval == 0:
+        lossf = check_loss(*unread)  # this iteration's, read now for the line
+        unread = None
         dt = (time.time() - t_last) / iters_since_log
         mfu = raw_model.estimate_mfu(gradient_accumulation_steps * batch_size, dt, peak)
         if master:
+            # the ETA extrapolates this run's pace so far, evaluations included
+            elapsed = time.time() - t_start
+            eta = elapsed / (iter_num + 1 - start_iter) * (max_iters - iter_num - 1)
             print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms, "
-                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {mfu * 100:.2f}%")
+                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {mfu * 100:.2f}%, {hms(elapsed)} elapsed, ETA {hms(eta)}")
         log_event(event="train", iter=iter_num, loss=lossf, lr=lr, ms_per_iter=dt * 1000,
                   tokens_per_s=tokens_per_iter / dt, mfu=mfu)
         t_last, iters_since_log = time.time(), 0
@@ -503,6 +545,8 @@ if master:
     if done_ckpt:
         print(f"checkpoint: {done_ckpt}")
         print(f"sample from it: python sample.py --out_dir={out_dir}")
+if wandb_run is not None:
+    wandb_run.finish()
 if ddp:
     dist.barrier()  # tear down together: a gloo rank destroyed while a peer still writes can abort at exit
     dist.destroy_process_group()

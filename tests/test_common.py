@@ -1,17 +1,29 @@
-"""common.py: what the scripts share is written once, and every script uses it."""
+"""
+common.py: what the scripts share is written once, and every script uses it. With what a CPU can show
+of the GPU and torchrun paths: the device and dtype choice (GPU capabilities mocked), the MFU peak by
+exact GPU name, synchronising the named GPU, one rank per node doing a download or a preparation, the
+non-finite count, checkpoints read into CPU memory. The GPUs themselves: test_gpu.py.
+"""
 
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import common  # noqa: E402
+from checkpoint import load_model, model_args, save_checkpoint  # noqa: E402
+from common import (GPU_PEAK_TFLOPS, NonFiniteLosses, autocast, once_per_node, peak_flops, resolve_device,  # noqa: E402
+                    resolve_dtype, synchronize)
+from helpers import tiny_config  # noqa: E402
+from model import GPT  # noqa: E402
 
 SCRIPTS = ("train.py", "compare.py", "prepare.py", "sample.py", "fold.py", "bench.py")
 
@@ -69,3 +81,164 @@ def test_run_names_round_trip():
     for bad in ("nope", "dlr", "attnres/rank", "standard/res_blocks=2"):
         with pytest.raises(ValueError):
             common.run_settings(bad)
+
+
+def fake_gpu(monkeypatch, name="NVIDIA A100-SXM4-80GB", native_bf16=True, count=1):
+    """torch.cuda as it looks on a machine with `count` GPUs called `name`. Without native bf16 (V100,
+    T4), is_bf16_supported() still says True, as torch emulates it, unless asked without emulation."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native_bf16 or including_emulation)
+
+
+def test_auto_dtype_takes_bf16_only_where_the_gpu_has_it(monkeypatch):
+    """dtype=auto: bfloat16 on a GPU with bfloat16 units, float16 (with train.py's scaler) on one that only
+    emulates it, float32 on CPU and MPS; a dtype named explicitly is kept."""
+    fake_gpu(monkeypatch, native_bf16=True)
+    assert resolve_dtype("auto", "cuda") == "bfloat16" and resolve_dtype("auto", "cuda:1") == "bfloat16"
+    fake_gpu(monkeypatch, "Tesla V100-SXM2-16GB", native_bf16=False)
+    assert torch.cuda.is_bf16_supported()  # what the old check asked: emulation counts
+    assert resolve_dtype("auto", "cuda") == "float16"
+    assert resolve_dtype("bfloat16", "cuda") == "bfloat16"
+    assert resolve_dtype("auto", "cpu") == resolve_dtype("auto", "mps") == "float32"
+    with pytest.raises(ValueError, match="dtype='half' is not allowed: use auto, float32, bfloat16, float16"):
+        resolve_dtype("half", "cpu")
+
+
+def test_device_names_are_checked_against_the_machine(monkeypatch):
+    assert resolve_device("cpu") == "cpu"
+    for bad in ("tpu", "cuda:x", "cpu:1", "mps:0"):
+        with pytest.raises(ValueError, match="use auto, cpu, cuda, cuda:N or mps"):
+            resolve_device(bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="torch sees no Apple GPU"):
+        resolve_device("mps")
+    fake_gpu(monkeypatch, count=2)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(ValueError, match="has 2 GPU"):
+        resolve_device("cuda:2")
+
+
+def test_autocast_runs_on_the_devices_own_kind():
+    """sample.py's autocast used to be the CPU's on MPS; here the device's kind decides, and float32 is none."""
+    assert autocast("mps", "float16").device == "mps"
+    with autocast("cpu", "bfloat16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast("cpu", "float32"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_mfu_peak_matches_gpu_names_exactly(monkeypatch):
+    """"L4" is in "NVIDIA L40S", and an H100 PCIe is no SXM: each name gets its own datasheet peak. An
+    unlisted GPU is measured like a CPU, and peak_tflops overrides both."""
+    monkeypatch.setattr(common, "measured_matmul_flops", lambda device, dtype: 1.5e12)
+    for name, tflops in {"NVIDIA L40S": 362, "NVIDIA L4": 121, "NVIDIA H100 PCIe": 756, "NVIDIA H100 80GB HBM3": 989,
+                         "Tesla T4": 65}.items():
+        fake_gpu(monkeypatch, name)
+        assert peak_flops("cuda", "bfloat16") == (tflops * 1e12, f"the {name} datasheet")
+    fake_gpu(monkeypatch, "NVIDIA A100 Next")  # contains "A100", once enough for an A100's peak
+    assert peak_flops("cuda", "bfloat16") == (1.5e12, "a bfloat16 matmul measured on cuda")
+    assert peak_flops("cuda", "bfloat16", peak_tflops=400.0) == (400e12, "peak_tflops")
+    assert all(name == name.strip() and 10 <= t <= 3000 for name, t in GPU_PEAK_TFLOPS.items())
+
+
+def test_cpu_peak_is_measured_in_the_training_dtype():
+    """On a CPU the peak is a timed matmul (train.py and bench.py share it), and it leaves torch's
+    global random stream and thread count as they were: a run's numbers do not depend on it."""
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    flops, source = peak_flops("cpu", "float32")
+    assert flops > 1e8 and source == "a float32 matmul measured on cpu"
+    assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng)
+
+
+def test_synchronize_waits_for_the_named_gpu(monkeypatch):
+    """bench.py timed cuda:1 while synchronising cuda:0 (torch's current device)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    synchronize("cuda:1")
+    synchronize("cpu")
+    assert calls == ["cuda:1"]
+
+
+def simulate_nodes(fn_for, nodes=2, per_node=2, late_rank=None):
+    """Run once_per_node in one thread per rank (rank = node * per_node + local rank), with a real barrier.
+    fn_for(rank) is the rank's fn. late_rank starts only once rank 0 is done. Returns the ranks that ran fn."""
+    world = nodes * per_node
+    barrier = threading.Barrier(world, timeout=20)  # a rank that skipped a barrier breaks it: no silent hang
+    ran, rank0_done, errors = [], threading.Event(), []
+
+    def rank_main(rank):
+        try:
+            if rank == late_rank:
+                rank0_done.wait(20)
+
+            def fn():
+                ran.append(rank)
+                fn_for(rank)
+                if rank == 0:
+                    rank0_done.set()
+            once_per_node(fn, rank, rank % per_node, barrier.wait)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return sorted(ran)
+
+
+def test_one_rank_per_node_downloads_and_every_rank_waits(tmp_path):
+    """Under torchrun every rank used to download GPT-2 into one .part file. Now one rank per node runs the
+    download (rank 0 first), the others wait; where the nodes share a filesystem, the other nodes find the
+    file and download nothing, and without one each node fetches its own copy."""
+    fetched = []
+
+    def fetch(path):
+        def fn(rank):
+            if not path(rank).exists():  # download() does nothing for a file that is there
+                fetched.append(rank)
+                path(rank).write_text("weights")
+        return fn
+
+    shared = tmp_path / "shared.safetensors"
+    assert simulate_nodes(fetch(lambda rank: shared)) == [0, 2] and fetched == [0]
+    fetched.clear()
+    assert simulate_nodes(fetch(lambda rank: tmp_path / f"node{rank // 2}.safetensors")) == [0, 2] and fetched == [0, 2]
+
+
+def test_a_late_rank_passes_the_same_barriers(tmp_path):
+    """First-run pydocs: a rank that looked for meta.json after rank 0 had written it skipped the barrier
+    rank 0 waited in, and the run hung. Every rank now passes the same barriers whatever is on disk."""
+    meta = tmp_path / "meta.json"
+    assert simulate_nodes(lambda rank: meta.exists() or meta.write_text("{}"), nodes=1, per_node=2, late_rank=1) == [0]
+    assert once_per_node(lambda: "ran", 0, 0) == "ran"  # a single process just runs it
+
+
+def test_float16_stops_only_after_several_nonfinite_losses_in_a_row():
+    """float16's scaler skips an overflowing step, so one is survived; float32 and bfloat16 stop at the first."""
+    inf = float("inf")
+    fp16 = NonFiniteLosses(limit=3)
+    assert [fp16.count(x) for x in (2.0, inf, inf, 1.9, float("nan"), inf)] == [False] * 6  # never 3 in a row
+    assert fp16.count(inf) and fp16.in_a_row == 3
+    fp32 = NonFiniteLosses(limit=1)
+    assert not fp32.count(2.0) and fp32.count(float("nan"))
+
+
+def test_checkpoints_are_read_into_cpu_memory_then_moved(tmp_path, monkeypatch):
+    """sample.py and fold.py (checkpoint.load_model) read a checkpoint, AdamW state and all, into CPU
+    memory and move only the model: here to the meta device, where nothing can be read to."""
+    model = GPT(tiny_config())
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(dict(model=model.state_dict(), model_args=model_args(model)), path)
+    seen = []
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k["map_location"]) or load(*a, **k))
+    moved, _ = load_model(path, "meta")
+    assert seen == ["cpu"] and next(moved.parameters()).device.type == "meta"

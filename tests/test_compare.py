@@ -356,6 +356,10 @@ def test_tiny_grid_end_to_end(tmp_path, dataset, capsys, monkeypatch):
         assert (compare_dir / f).exists(), f
     runs = compare_dir / "runs"
     assert json.loads((runs / "standard" / "seed1" / "train_args.json").read_text())[:2] == ["--seed=1", "--residual=standard"]
+    # with wandb_log=True the grid is one wandb group, each run named by what it is (wandb_* is no train arg)
+    start = json.loads((runs / "delta/res_blocks=0" / "seed1" / "log.jsonl").read_text().splitlines()[0])["config"]
+    assert start["wandb_group"] == tmp_path.name and start["wandb_run_name"] == "delta/res_blocks=0/seed1"
+    assert not any("wandb" in a for a in json.loads((runs / "standard" / "seed1" / "train_args.json").read_text()))
 
     # resume: seed 1 of delta lost its `done` line (as if killed); only it is trained again
     log = runs / "delta/res_blocks=0" / "seed1" / "log.jsonl"

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"

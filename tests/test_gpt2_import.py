@@ -12,6 +12,9 @@ Two notes on tolerances:
   by scaling the position embedding) for the command-line run.
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,6 +26,7 @@ from test_train import TINY, events, make_dataset, train
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import save_file  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 HUB_PATH = "/openai-community/gpt2/resolve/main/model.safetensors"
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=32)
 
@@ -109,3 +113,19 @@ def test_train_init_from_gpt2_converts_and_fine_tunes(tmp_path):
     assert delta[0]["val_loss"] == pytest.approx(standard[0]["val_loss"], abs=1e-5)
     ckpt = torch.load(tmp_path / "delta" / "ckpt.pt", weights_only=True)  # fine-tuned for 4 iterations
     assert ckpt["iter_num"] == 4 and ckpt["model_args"]["residual"] == "delta" and len(events(tmp_path / "delta", "train")) == 4
+
+
+def test_torchrun_downloads_gpt2_once(tmp_path):
+    """Under torchrun every rank used to download GPT-2 into the same .part file at once. Now one rank
+    per node downloads (here: one node, 2 gloo ranks), the others wait for it, then all load the file."""
+    data = make_dataset(tmp_path / "data", tokenizer="gpt2")
+    shape = [f"--{k}={v}" for k, v in SHAPE.items()]
+    hf = tiny_hf_gpt2(wpe_scale=50.0)
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"))
+    with LocalServer({HUB_PATH: hub_file(hf, tmp_path / "model.safetensors")}) as server:
+        train(*TINY, *shape, f"--dataset={data}", "--init_from=gpt2", f"--cache_dir={tmp_path / 'cache'}",
+              f"--out_dir={tmp_path / 'out'}", "--residual=delta", "--max_iters=2", "--eval_interval=2",
+              "--gradient_accumulation_steps=2", command=torchrun, cwd=tmp_path, env={"HF_ENDPOINT": server.url})
+        assert server.count(HUB_PATH) == 1
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["gpt2.safetensors"]  # no .part left behind
+    assert events(tmp_path / "out", "done")[0]["iter"] == 2

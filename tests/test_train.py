@@ -184,17 +184,22 @@ def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
         assert val[mode] == pytest.approx(val["standard"], abs=1e-5), val
 
 
-def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path):
+@pytest.mark.parametrize("log_interval", [1, 100])
+def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path, log_interval):
+    """A loss is read at its log line, or else one iteration late: either way the lost iteration is the one
+    reported, and nothing is evaluated or saved after it (log_interval=100: iteration 4's eval would)."""
     common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
     train(*common, "--max_iters=2", cwd=tmp_path)
     before = (tmp_path / "ckpt.pt").read_bytes()
     result = train(*common, "--max_iters=6", "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0",
-                   cwd=tmp_path, ok=False)
+                   f"--log_interval={log_interval}", cwd=tmp_path, ok=False)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: the loss is nan"), result.stderr
     assert f"the last good checkpoint, {tmp_path / 'ckpt.pt'} at iter 2, is kept" in result.stderr
     assert (tmp_path / "ckpt.pt").read_bytes() == before
-    assert events(tmp_path, "error")
+    # iteration 2 is computed with the checkpoint's weights and its step spoils them: iteration 3 is lost
+    assert [e["iter"] for e in events(tmp_path, "error")] == [3] and "at iter 3," in result.stderr
+    assert [e["iter"] for e in events(tmp_path, "eval")] == [0, 2]  # no eval at 4, with lost weights
 
 
 def bad_inputs(data, tmp_path):
@@ -257,3 +262,40 @@ def test_configurator_errors(tmp_path, capsys):
             configurator.configure(defaults, [arg], "train.py")
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_progress_line_shows_elapsed_time_and_eta(data, tmp_path):
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=3", "--eval_interval=3", cwd=tmp_path)
+    lines = [l for l in result.stdout.splitlines() if l.startswith("iter ")]
+    assert len(lines) == 3 and all(" elapsed, ETA " in l for l in lines)
+    assert lines[-1].endswith("ETA 0m00s")  # the last iteration has nothing left
+
+
+def test_wandb_logs_what_the_log_logs(data, tmp_path):
+    """wandb_log=True, offline: the wandb run holds the numbers of log.jsonl's train and eval lines (the
+    routing summary as routing/<key>) under the given project, name and group."""
+    pytest.importorskip("wandb")
+    out = tmp_path / "out"
+    train(*TINY, f"--dataset={data}", f"--out_dir={out}", "--residual=rd", "--max_iters=4", "--eval_interval=2",
+          "--wandb_log=True", "--wandb_project=protocol-test", "--wandb_run_name=rd-seed7", "--wandb_group=grid-7",
+          cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    (run,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    record = run.read_bytes()  # wandb's own binary log: keys and json values appear as text in it
+    for text in ("protocol-test", "rd-seed7", "grid-7", "loss", "lr", "ms_per_iter", "tokens_per_s", "mfu",
+                 "train_loss", "val_loss", "deep_max_weight", "mean_entropy", "mean_js"):
+        assert text.encode() in record, text
+    for number in (events(out, "eval")[-1]["val_loss"], events(out, "train")[-1]["loss"]):
+        assert json.dumps(number).encode() in record
+
+
+def test_wandb_missing_is_a_one_line_error(data, tmp_path):
+    """wandb is imported only for wandb_log=True; without the package that is one line saying what to install."""
+    fake = tmp_path / "no_wandb" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named wandb')\n")
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--wandb_log=True", cwd=tmp_path,
+                   ok=False, env={"PYTHONPATH": str(fake.parent)})
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: wandb_log=True needs the wandb package: pip install wandb")
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1", cwd=tmp_path,
+          env={"PYTHONPATH": str(fake.parent)})  # without wandb_log, never imported
