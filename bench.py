@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from common import DTYPES, autocast, boolean, die, peak_flops, resolve_device, resolve_dtype, run_settings, synchronize
+from common import DTYPES, autocast, boolean, die, peak_flops, resolve_device_and_dtype, run_settings, synchronize
 from model import GPT, GPTConfig
 
 # row -> the row it is compared with. Rows are run names as in compare.py (common.run_settings), plus
@@ -74,8 +74,7 @@ def parse_args():
     if bool(args.plot) != bool(args.inputs):
         p.error("--plot and JSON files go together: python bench.py --plot=OUT.png A.json B.json ...")
     try:
-        args.device = resolve_device(args.device)
-        args.dtype = resolve_dtype(args.dtype, args.device)
+        args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         p.error(str(e))
     return args

@@ -229,6 +229,12 @@ def resolve_dtype(dtype, device):
     return dtype
 
 
+def resolve_device_and_dtype(device, dtype):
+    """resolve_device, then resolve_dtype on it: what the tools (sample.py, bench.py) run on."""
+    device = resolve_device(device)
+    return device, resolve_dtype(dtype, device)
+
+
 def autocast(device, dtype):
     """The context the model computes in: autocast to dtype on the device's own kind (cuda, mps or
     cpu), or none for float32."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_gpt2, load_model, load_state_into
-from common import DTYPES, autocast, boolean, die, resolve_device, resolve_dtype
+from common import DTYPES, autocast, boolean, die, resolve_device_and_dtype
 from download import DownloadError
 from model import GPT, GPTConfig
 from shards import get_tokenizer
@@ -52,8 +52,7 @@ def parse_args(argv=None):
     if args.temperature < 0 or args.num_samples < 0 or args.max_new_tokens < 0:
         p.error("--temperature, --num_samples and --max_new_tokens must not be negative")
     try:
-        args.device = resolve_device(args.device)
-        args.dtype = resolve_dtype(args.dtype, args.device)
+        args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         p.error(str(e))
     return args
