@@ -267,6 +267,11 @@ def main():
             if rows[w][1] not in wanted:
                 wanted.append(rows[w][1])
         rows = {k: v for k, v in rows.items() if k in wanted}
+    for name, (cfg, _) in rows.items():  # a size that no row can take is a usage error, not a traceback
+        try:
+            GPTConfig(**base_config(args), **{k: v for k, v in cfg.items() if k != "fold"})
+        except ValueError as e:
+            die(f"row {name}: {e}")
     ctx = autocast(args.device, args.dtype)
 
     peak, peak_source = peak_flops(args.device, args.dtype, args.peak_tflops)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import load_model, load_state_into, save_checkpoint
-from common import boolean, die
+from common import boolean, die, resolve_device
 from model import GPT, GPTConfig, LowRankLinear
 
 # The check fails when max |logit diff| exceeds this fraction of max |logit|. A fold stores the very
@@ -42,10 +42,15 @@ def parse_args(argv=None):
     p.add_argument("--ckpt", default="out/ckpt.pt", help="the checkpoint to fold")
     p.add_argument("--out", required=True, help="where to write the folded checkpoint (never the input)")
     p.add_argument("--dense", type=boolean, nargs="?", const=True, default=False, help="also multiply out B A into dense weights")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | mps | auto")
     p.add_argument("--check_batch", type=int, default=4, help="sequences in the verification batch")
     p.add_argument("--seed", type=int, default=0, help="seed of the verification batch")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.device = resolve_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 def same_file(a, b):

@@ -183,7 +183,8 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.c_attn(x).split(C, dim=2)
         else:
             # rd: queries and keys from the QK route's input, values from the value route's input,
-            # each computed with only its own rows of c_attn, so RD costs no extra projection FLOPs.
+            # each computed with only its own rows of c_attn: dense, RD costs no extra projection FLOPs;
+            # low-rank, the shared factor A runs on both inputs (r x d more per token).
             q, k = linear_rows(self.c_attn, x, slice(0, 2 * C)).split(C, dim=2)
             v = linear_rows(self.c_attn, x_v, slice(2 * C, 3 * C))
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
@@ -535,6 +536,9 @@ class GPT(nn.Module):
             # per route: m logits (reused) + weighted sum of m sources (2 d m); per source: key logits vs all routes (2 d R)
             route_fwd = sum(2 * d * m for m in counts) + n_sources * 2 * d * n_routes
             flops += 3 * route_fwd
+        if cfg.residual == "rd" and cfg.lowrank_rank:
+            # rd with low-rank c_attn: its shared A (r x d) runs on x_qk and again on x_v
+            flops += 6 * L * cfg.lowrank_rank * d
         return flops
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=312e12):

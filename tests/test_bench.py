@@ -69,6 +69,13 @@ def test_an_unknown_row_is_a_one_line_error():
     assert "unknown row(s) ['attnres/res_blocks=3']" in result.stderr
 
 
+def test_a_size_no_row_can_take_is_a_one_line_error():
+    # 3 layers = 6 sublayers: the attnres/res_blocks=4 row cannot split them into 4 blocks
+    result = run_bench("--n_layer=3", "--rows=attnres/res_blocks=4")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: row attnres/res_blocks=4:") and result.stderr.count("\n") == 1
+
+
 def test_a_row_brings_its_chain_of_references(tmp_path):
     """folded is compared with lowrank, which is compared with dense: asking for folded runs all three."""
     result = run_bench("--rows=folded/rank=8", f"--json={tmp_path / 'b.json'}")

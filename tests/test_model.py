@@ -520,3 +520,24 @@ def test_bf16_autocast_close_to_float32(mode):
     assert abs(loss16.item() - loss32.item()) < 0.05
     assert all(p.grad is not None for n, p in model.named_parameters() if "h.0.attn_res_query" not in n)
     assert cached.shape == uncached.shape == (3, 12)
+
+
+def test_flops_count_rd_lowrank_second_pass_of_a():
+    """rd with low-rank c_attn applies the shared factor A to x_qk and to x_v: r x d more per token and
+    layer than attnres. Checked against torch's own count of the forward's matmuls, with the routing's
+    own work cancelled by the dense pair (dense rd and attnres do the same projection work)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    rank, B, T = 4, 2, 16
+
+    def counted(**overrides):
+        model = GPT(tiny_config(**overrides)).eval()
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(torch.zeros(B, T, dtype=torch.long))
+        return counter.get_total_flops(), model.flops_per_token()
+
+    (rd_lr, rd_lr_est), (at_lr, at_lr_est), (rd, rd_est), (at, at_est) = (
+        counted(residual=mode, lowrank_rank=r) for mode, r in (("rd", rank), ("attnres", rank), ("rd", 0), ("attnres", 0)))
+    cfg = tiny_config()
+    second_pass = 2 * cfg.n_layer * rank * cfg.n_embd  # forward FLOPs per token of one more A
+    assert (rd_lr - at_lr) - (rd - at) == B * T * second_pass
+    assert (rd_lr_est - at_lr_est) - (rd_est - at_est) == 3 * second_pass

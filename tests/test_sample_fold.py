@@ -145,6 +145,15 @@ def test_fold_refuses_nothing_to_fold(tmp_path, capsys, overrides):
     assert not (tmp_path / "folded.pt").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_fold_checks_the_device_before_loading(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", **DLR)
+    for device, message in (("cuda", "torch sees no CUDA GPU"), ("gpu", "is not allowed")):
+        code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt", f"--device={device}"], capsys)
+        assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "folded.pt").exists()
+
+
 def test_fold_never_overwrites_its_input(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", **DLR)
     before = ckpt.read_bytes()
