@@ -372,6 +372,11 @@ def line_style(name):
     return dict(color=COLORS[kind], linestyle="--" if settings.get("res_blocks") else "-")
 
 
+def point_style(name):
+    """line_style plus a marker, square for block routing: a sweep value with one point has no line to dash."""
+    return dict(line_style(name), marker="s" if run_settings(name).get("res_blocks") else "o")
+
+
 def plot_val_loss(records, names, path):
     """Left: val loss vs iteration, mean over seeds, every run. Right: the paired difference to the
     reference (run - reference on the same seeds), mean over seeds: what the table's Δ is made of.
@@ -498,9 +503,8 @@ def plot_sweep(results, path):
             x = [points.index(pt) + 0.04 * (i - (len(pairs) - 1) / 2) for pt in by_point]  # side by side, not on top
             y = [p["diff_nats_mean"] for p in by_point.values()]
             err = [p["diff_nats_std"] or 0.0 for p in by_point.values()]
-            style = line_style(kind)
-            ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, lw=1.4,
-                        label=kind if not parents else f"{kind} − {ref}", **style)
+            ax.errorbar(x, y, yerr=err, ms=4, capsize=3, lw=1.4, **point_style(kind),
+                        label=kind if not parents else f"{kind} − {ref}")
         ax.axhline(0, color=COLORS[REFERENCE], lw=1)
         ax.set_xticks(range(len(points)), points)
         ax.set_xlim(-0.5, len(points) - 0.5)
@@ -529,8 +533,8 @@ def plot_sweep_max_weight(results, path):
             m = len(routing["weights"][routing["deepest"]])
             uniform.setdefault("--" if run_settings(name).get("res_blocks") else "-", {})[point] = 1 / m
     for kind, by_point in kinds.items():
-        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), marker="o", ms=5, label=kind,
-                **line_style(kind))
+        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), ms=5, label=kind,
+                **point_style(kind))
     for style, by_point in uniform.items():
         ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), color="grey", lw=1, linestyle=style,
                 marker=".", label=f"uniform 1/m ({'block' if style == '--' else 'per-sublayer'})")
