@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from common import DTYPES, autocast, boolean, die, peak_flops, resolve_device_and_dtype, run_settings, synchronize
+from common import (DTYPES, autocast, boolean, die, peak_flops, provenance, resolve_device_and_dtype, run_settings,
+                    synchronize, triton_version)
 from model import GPT, GPTConfig
 
 # row -> the row it is compared with. Rows are run names as in compare.py (common.run_settings), plus
@@ -54,7 +55,12 @@ def parse_args():
     p.add_argument("--device", default="auto", help="auto (cuda, mps, then cpu) | cpu | cuda | cuda:N | mps")
     p.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help="auto as in train.py")
     p.add_argument("--peak_tflops", type=float, default=0.0, help="MFU's peak, TFLOP/s (default: as train.py)")
-    p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False, help="torch.compile every model, for training and decoding")
+    p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False,
+                   help="torch.compile every model's training step (decoding stays eager)")
+    p.add_argument("--fused_route", default="auto", type=lambda s: s if s == "auto" else boolean(s),
+                   help="auto (the fused Triton route on CUDA) | true | false (model.py's plain route)")
+    p.add_argument("--bf16_sources", type=boolean, nargs="?", const=True, default=True,
+                   help="fused route under bfloat16: sources stored in bfloat16 (false: float32)")
     p.add_argument("--n_layer", type=int, default=8)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--n_embd", type=int, default=256)
@@ -116,11 +122,14 @@ class Row:
         self.model = GPT(GPTConfig(**base_config(args), **overrides)).to(args.device)
         if fold:
             self.model.fold_dlr()
+        self.model.fused_route, self.model.bf16_sources = args.fused_route, args.bf16_sources
         self.name, self.reference, self.args, self.ctx = name, reference, args, ctx
         self.optimizer = self.model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), args.device.split(":")[0])
-        # --compile: one compiled model for both phases. Decoding compiles a prefill graph, then one
-        # step graph per cache length until the second length marks the length dynamic: 3 graphs in all
-        self.forward = torch.compile(self.model) if args.compile else self.model
+        # --compile: the training step only, one graph (and its backward). Compiling the model for
+        # decoding too would add a prefill graph and a decode graph to compile per row, for launches
+        # that a one-token step with a growing cache cannot make into one CUDA graph anyway
+        self.train_forward = torch.compile(self.model) if args.compile else self.model
+        self.compile_s = None  # seconds of the first (compiling) training step, with --compile
         g = torch.Generator().manual_seed(0)
         B, T, V = args.batch_size, args.block_size, args.vocab_size
         self.x = torch.randint(0, V, (B, T), generator=g).to(args.device)
@@ -131,7 +140,7 @@ class Row:
 
     def train_step(self):
         with self.ctx:
-            _, loss = self.forward(self.x, self.y)
+            _, loss = self.train_forward(self.x, self.y)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -149,12 +158,12 @@ class Row:
         self.model.eval()
         cache = self.model.make_cache()
         with self.ctx:
-            logits, _ = self.forward(self.prompt, cache=cache)  # prefill, not timed
+            logits, _ = self.model(self.prompt, cache=cache)  # prefill, not timed
             synchronize(self.args.device)
             t0 = time.perf_counter()
             for _ in range(n_tokens):
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
-                logits, _ = self.forward(token, cache=cache)
+                logits, _ = self.model(token, cache=cache)
             synchronize(self.args.device)
         self.times["decode"].append((time.perf_counter() - t0) / n_tokens)
         self.model.train()
@@ -254,8 +263,8 @@ def main():
         return
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.compile:  # ~4 graphs per row (training, prefill, decoding); past the limit dynamo silently runs eager
-        torch._dynamo.config.recompile_limit = 16 * len(ROWS)
+    if args.compile:  # one training graph per row; past the limit dynamo would silently run eager
+        torch._dynamo.config.recompile_limit = 4 * len(ROWS)
     rank = args.rank or args.n_embd // 4
     rows = {name.format(r=rank): (row_settings(name.format(r=rank)), ref.format(r=rank)) for name, ref in ROWS.items()}
     if args.rows != "all":
@@ -282,7 +291,13 @@ def main():
 
     bench = [Row(name, ref, cfg, args, ctx) for name, (cfg, ref) in rows.items()]
     for row in bench:  # warm-up (and compilation), then memory
+        synchronize(args.device)
+        t0 = time.perf_counter()
         row.train_step()
+        synchronize(args.device)
+        if args.compile:
+            row.compile_s = time.perf_counter() - t0
+            print(f"compiled {row.name}'s training step in {row.compile_s:.0f} s", flush=True)
         row.time_decode(2)
         row.measure_memory()
     for _ in range(args.rounds):  # interleaved: every row runs once per round
@@ -300,7 +315,8 @@ def main():
             flops = row.model.flops_per_token() * (1 if phase == "train" else 1 / 3)  # decode: forward only
             tok_s = tokens_per_step[phase] / t
             results.append({"name": row.name, "phase": phase, "tokens_per_s": tok_s, "ratio": ref_t / t,
-                            "reference": row.reference, "peak_mem_mb": row.peak_mem, "mfu": flops * tok_s / peak})
+                            "reference": row.reference, "peak_mem_mb": row.peak_mem, "mfu": flops * tok_s / peak,
+                            "compile_s": row.compile_s if phase == "train" else None})
     for row in results:  # memory ratio, training only
         if row["phase"] == "train":
             row["mem_ratio"] = row["peak_mem_mb"] / by_name[row["reference"]].peak_mem
@@ -315,7 +331,9 @@ def main():
               f"{r['reference']:<16} | {mem:>8} | {mem_ratio:>9} | {100 * r['mfu']:>5.1f}% |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile,
+            json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile, **provenance(args.device),
+                       "triton": triton_version(), "date": time.strftime("%Y-%m-%d"),
+                       "fused_route": bench[0].model.route_implementation(torch.device(args.device))[0] is not None,
                        "matmul_peak_flops": peak, "config": vars(args), "rows": results}, f, indent=1)
         print(f"wrote {args.json}")
 

@@ -26,8 +26,22 @@ from model import GPT, GPTConfig
 
 def save_checkpoint(obj, path):
     """torch.save through common.write_atomic: an interrupted save or a power cut never leaves a
-    file that looks complete, and the previous checkpoint survives until the new one is on disk."""
+    file that looks complete, and the previous checkpoint survives until the new one is on disk.
+    Tensors are saved on the CPU, so that a plain torch.load works on a machine without the GPU
+    they were trained on (torch.save keeps each tensor's device, and loading it needs that device)."""
+    obj = to_cpu(obj)
     write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def to_cpu(obj):
+    """obj with every tensor inside its dicts, lists and tuples on the CPU (CPU tensors are not copied)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
 
 
 def load_checkpoint(path, map_location="cpu"):

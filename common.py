@@ -9,6 +9,7 @@ What the scripts share, so that each is written once:
     sublayer_routes, routing_summary   a run's routing in a few numbers (train.py's log, compare.py's tables)
     run_settings, run_name             run names ('rd/res_blocks=4', 'dlr/rank=32') <-> settings
     resolve_device, resolve_dtype      the device and dtype a script runs on (cpu, cuda, cuda:N, mps), autocast
+    bind_device, process_group_options the GPU a (torchrun) process takes, its process group; allow_tf32
     peak_flops                         the matmul peak MFU is measured against, the same in train.py and bench.py
     once_per_node, NonFiniteLosses     what torchrun's processes do together; when a run is lost
 
@@ -106,6 +107,15 @@ def device_name(device):
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+def triton_version():
+    """Triton's version where it is installed (the fused route's kernels), else None; without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("triton")
+    except PackageNotFoundError:
+        return None
 
 
 def provenance(device):
@@ -222,11 +232,69 @@ def resolve_dtype(dtype, device):
     import torch
     if dtype == "auto":
         if device.startswith("cuda"):
-            return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
+            return "bfloat16" if has_bf16_hardware(device) else "float16"
         return "float32"
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not allowed: use auto, {', '.join(DTYPES)}")
     return dtype
+
+
+def has_bf16_hardware(device):
+    """Whether this very GPU computes bfloat16 natively (compute capability 8.0, Ampere, or later).
+    torch.cuda.is_bf16_supported() answers for the current GPU, not the one named: on a machine with
+    mixed GPUs, cuda:1 would get cuda:0's answer."""
+    import torch
+    if torch.version.hip:  # ROCm: every GPU it runs on has bfloat16
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def bind_device(device, ddp=False, local_rank=0):
+    """The device this process computes on, made the current CUDA device. Under torchrun each process
+    takes GPU LOCAL_RANK of its node; a plain "cuda" is GPU 0 (set_device needs an index: given "cuda"
+    it raises). Raises ValueError when LOCAL_RANK names a GPU this process cannot see."""
+    import torch
+    if not device.startswith("cuda"):
+        return device
+    if ddp:
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise ValueError(f"LOCAL_RANK={local_rank} but this process sees {count} GPU(s): start at most {count} "
+                             f"process(es) per node (torchrun --nproc_per_node={count}), and let each see all of "
+                             "the node's GPUs (leave CUDA_VISIBLE_DEVICES unset, or list them all)")
+        device = f"cuda:{local_rank}"
+    torch.cuda.set_device(torch.device(device).index or 0)
+    return device
+
+
+# A rank waits in a barrier while rank 0 prepares a dataset or downloads GPT-2 (gpt2-xl is ~6 GB):
+# NCCL's default 10 minutes would end such a run, so the process group waits this long.
+DIST_TIMEOUT_S = 2 * 3600
+
+
+def process_group_options(device):
+    """dist.init_process_group's arguments for a torchrun process on device: NCCL bound to its GPU
+    (device_id: NCCL connects eagerly, on the right GPU) on CUDA, gloo on a CPU; a timeout long
+    enough for a download in once_per_node."""
+    from datetime import timedelta
+
+    import torch
+    options = dict(backend="gloo", timeout=timedelta(seconds=DIST_TIMEOUT_S))
+    if device.startswith("cuda"):
+        options.update(backend="nccl", device_id=torch.device(device))
+    return options
+
+
+def allow_tf32():
+    """float32 matmuls and convolutions on tensor cores (TF32), on CUDA. torch >= 2.9 has the
+    fp32_precision settings and deprecates the allow_tf32 flags, which clash with them under Inductor."""
+    import torch
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def resolve_device_and_dtype(device, dtype):

@@ -662,6 +662,22 @@ def run_env(jobs):
     return env
 
 
+def visible_gpus(env):
+    """The GPUs the runs share: those CUDA_VISIBLE_DEVICES lists where it is set, else every GPU torch sees."""
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    import torch
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def slot_env(env, slot, gpus):
+    """The environment of the run in job slot `slot`: with several GPUs, each slot takes its own
+    (slot modulo their number; the run's "cuda" is that GPU), rather than every run on GPU 0."""
+    if len(gpus) < 2:
+        return env
+    return {**env, "CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)]}
+
+
 def launch(cmd, run_dir, env):
     """Start train.py, its output in run_dir/train.log."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -747,6 +763,7 @@ def main(argv):
     # with wandb_log=True the grid's runs form one wandb group, named after its out_dir (a --wandb_group wins)
     passthrough = [f"--wandb_group={Path(settings['out_dir']).resolve().name}", *passthrough]
     env = run_env(jobs)
+    gpus = visible_gpus(env)
 
     # value by value, seed by seed: each value's comparison completes before the next (costlier) one starts
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
@@ -792,15 +809,16 @@ def main(argv):
     while queue or running:
         while queue and len(running) < jobs and not errors:
             name, seed = queue.pop(0)
+            slot = min(set(range(jobs)) - {slot for *_, slot in running.values()})
             run_dir = runs_dir / name / f"seed{seed}"
             if run_dir.exists():
                 shutil.rmtree(run_dir)  # an unfinished run starts over: a resumed one might not see the same batches
             cmd = train_command(config, run_dir, seed, name, passthrough)
             run_dir.mkdir(parents=True)
             (run_dir / "train_args.json").write_text(json.dumps(train_args(config, run_dir, seed, name, passthrough)) + "\n")
-            running[(name, seed)] = (launch(cmd, run_dir, env), cmd, time.time())
+            running[(name, seed)] = (launch(cmd, run_dir, slot_env(env, slot, gpus)), cmd, time.time(), slot)
         time.sleep(0.2)
-        for (name, seed), (proc, cmd, t0) in list(running.items()):
+        for (name, seed), (proc, cmd, t0, _) in list(running.items()):
             if proc.poll() is None:
                 continue
             del running[(name, seed)]
@@ -815,7 +833,7 @@ def main(argv):
                 publish_run(run_dir, Path(publish) / "runs" / name / f"seed{seed}")
             n_done += 1
             now = time.time()
-            eta = finish_time([max(estimate[n] - (now - t), 0) for (n, _), (_, _, t) in running.items()],
+            eta = finish_time([max(estimate[n] - (now - t), 0) for (n, _), (_, _, t, _) in running.items()],
                               [estimate[n] for n, _ in queue] if not errors else [], jobs)
             val = finished(read_log(run_dir))["val_loss"]
             print(f"[{n_done}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)

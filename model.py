@@ -13,6 +13,7 @@ pseudo-query per sublayer. The sources are the embedding and what earlier sublay
 a Duplicated Latent Residual (DLR). The math, equation by equation, is in the README.
 """
 
+import importlib.util
 import math
 from dataclasses import dataclass, fields
 
@@ -23,6 +24,9 @@ import torch.nn.functional as F
 RESIDUAL_MODES = ("standard", "attnres", "delta", "rd")
 LOWRANK_ACTIVATIONS = {"silu": F.silu, "identity": lambda z: z}
 ROUTING_RMS_EPS = 1e-6  # eps of the gainless rmsnorm applied to routing keys
+# The fused route for GPUs is kernels.py (Triton), imported only where a forward uses it: importing
+# Triton costs about a second, which a CPU run never needs
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @dataclass
@@ -301,15 +305,24 @@ class DepthSources:
     The papers' two-phase mix (all routes of a block in one batched matmul over stacked sources)
     measured slower than this in eager PyTorch on a CPU (docs/speed.md, "Tried, measured slower");
     torch.compile fuses each route into one loop instead.
+
+    On a GPU that is still one memory pass per (route, source) pair and four more in backward, ~4x
+    standard's step time at GPT-2-small shape (docs/speed.md). fused_route=kernels.fused_route sends
+    every route to one Triton kernel instead, which reads each source once (logits, online softmax and
+    weighted sum together) and saves no copies for the backward; no logit table is kept then.
+    dtype: what the sources are stored in (the fused route does its math in float32 whatever it is).
     """
 
-    def __init__(self, e, queries, collect=False):
+    def __init__(self, e, queries, collect=False, fused_route=None, dtype=None):
         self.queries = queries  # [R, d]: every pseudo-query of the model, one row per route
-        self.dtype = e.dtype  # sources are kept in the embedding's precision (the stream's, in standard)
+        self.dtype = dtype or e.dtype  # by default the embedding's precision (the stream's, in standard)
         self.values = []  # completed sources, each [B, T, d]
         self.logits = None  # [R, m, B, T]: the logit of every completed source (dim 1) for every route (dim 0)
         self.partial = None  # p, the running sum of the current block
         self.collect = collect
+        # kernels.fused_route, or None for the plain route; the diagnostics read the depth weights,
+        # which the fused route never forms
+        self.fused_route = None if collect else fused_route
         self.weights = {}  # route -> mean depth weights over batch and positions (when collecting)
         self.add(e)
         self.end_block()
@@ -321,13 +334,16 @@ class DepthSources:
 
     def end_block(self):
         """The current block is complete: p becomes a source of its own."""
-        logits = routing_logits(self.partial, self.queries).permute(2, 0, 1).unsqueeze(1)  # [R, 1, B, T]: w_r . rmsnorm(p)
-        self.logits = logits if self.logits is None else torch.cat([self.logits, logits], dim=1)
+        if self.fused_route is None:  # the fused route computes its logits in the kernel, as it reads each source
+            logits = routing_logits(self.partial, self.queries).permute(2, 0, 1).unsqueeze(1)  # [R, 1, B, T]: w_r . rmsnorm(p)
+            self.logits = logits if self.logits is None else torch.cat([self.logits, logits], dim=1)
         self.values.append(self.partial)
         self.partial = None
 
     def route(self, r):
         """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources."""
+        if self.fused_route is not None:
+            return self.fused_route(self.queries[r], self.values if self.partial is None else self.values + [self.partial])
         logits, values = self.logits[r], self.values  # [m, B, T] and m x [B, T, d]
         if self.partial is not None:  # p changes after every sublayer, so its logit is computed per route
             p_logit = routing_logits(self.partial, self.queries[r:r + 1])  # [B, T, 1]
@@ -388,6 +404,9 @@ class GPT(nn.Module):
         self.routes = route_table(config)
         self.route_row = {name: r for r, (name, _, _) in enumerate(self.routes)}
         self.last_routing = None  # filled by forward(..., collect_routing=True)
+        # how the routes run, not what they compute (so not in the config, nor in checkpoints):
+        self.fused_route = "auto"  # auto: fused on CUDA where Triton imports | True: fused (CPU: Triton's interpreter) | False
+        self.bf16_sources = True  # fused, under bfloat16 autocast: sources stored in bfloat16 (the kernel adds in float32)
         self.init_weights()
 
     @torch.no_grad()
@@ -444,6 +463,22 @@ class GPT(nn.Module):
         """m, the number of sources each route reads (same order as route_queries)."""
         return [m for _, _, m in self.routes]
 
+    def route_implementation(self, device):
+        """(the fused route function or None, the sources' dtype or None) of a forward on device:
+        kernels.fused_route on a GPU, with its sources in bfloat16 under bfloat16 autocast (half the
+        bytes of every routing pass: docs/speed.md measures what it buys, docs/results.md what it
+        costs in loss); None, None: the plain route, sources in the embedding's dtype."""
+        if self.fused_route not in ("auto", True, False):
+            raise ValueError(f"fused_route={self.fused_route!r}: use 'auto', True or False")
+        if not (self.fused_route is True or (self.fused_route == "auto" and device.type == "cuda" and HAVE_TRITON)):
+            return None, None
+        import kernels
+        if not kernels.available(device):
+            raise RuntimeError(f"fused_route=True on {device}: {kernels.why_unavailable(device)}")
+        kind = device.type
+        bf16 = self.bf16_sources and torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16
+        return kernels.fused_route, torch.bfloat16 if bf16 else None
+
     def make_cache(self):
         """An empty key-value cache for incremental decoding (see generate)."""
         return [LayerKVCache(self.config.block_size) for _ in range(self.config.n_layer)]
@@ -457,7 +492,8 @@ class GPT(nn.Module):
 
         e = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         mode, L = self.config.residual, self.config.n_layer
-        depth = None if mode == "standard" else DepthSources(e, self.route_queries(), collect_routing)
+        depth = None if mode == "standard" else DepthSources(e, self.route_queries(), collect_routing,
+                                                             *self.route_implementation(device))
         per_block = self.config.sublayers_per_block
         replaces_stream = mode in ("attnres", "rd")  # no residual stream: every input, and the output, is a route
         h = e  # the residual stream (standard, delta)

@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import (NonFiniteLosses, autocast, die, hms, once_per_node, peak_flops, provenance, resolve_device,
-                    resolve_dtype, routing_summary)
+from common import (NonFiniteLosses, allow_tf32, autocast, bind_device, die, hms, once_per_node, peak_flops,
+                    process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
 from checkpoint import GPT2_CONFIGS, download_gpt2, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
 from download import DownloadError
 from model import GPT, GPTConfig
@@ -80,6 +80,8 @@ min_lr = 1e-4  # the learning rate after decay, ~= learning_rate / 10 per Chinch
 device = "auto"  # auto (cuda, mps, then cpu) | cpu | cuda | cuda:1 | mps
 dtype = "auto"  # auto (GPU: bfloat16, or float16 where it is emulated; CPU, MPS: float32) | float32 | bfloat16 | float16
 compile = False  # torch.compile the model
+fused_route = True  # on CUDA, routes run as one Triton kernel each where Triton imports (False: model.py's plain route)
+bf16_sources = True  # fused route under bfloat16: routing sources stored in bfloat16, added in float32 (False: float32)
 peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure, else a measured matmul
 seed = 1337  # model init and training windows; same seed = same backbone in every residual mode
 # experiment tracking, as nanoGPT does it (needs `pip install wandb`)
@@ -99,16 +101,12 @@ ddp = "RANK" in os.environ
 rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
 master = rank == 0  # only rank 0 prints, logs and saves
 try:
-    device = resolve_device(device)
+    device = bind_device(resolve_device(device), ddp, local_rank)  # under torchrun: cuda:LOCAL_RANK
 except ValueError as e:
     die(e)
-if ddp and device.startswith("cuda"):
-    device = f"cuda:{local_rank}"
 device_type = device.split(":")[0]
-if device_type == "cuda":
-    torch.cuda.set_device(device)
 if ddp:
-    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    dist.init_process_group(**process_group_options(device))
 barrier = dist.barrier if ddp else None  # for once_per_node
 try:
     dtype = resolve_dtype(dtype, device)  # auto: see common.resolve_dtype
@@ -130,8 +128,7 @@ config.update(device=device, dtype=dtype)  # what this run used, saved with the 
 micro_steps = gradient_accumulation_steps // world_size  # this rank's micro-batches per iteration
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 if device_type == "cuda":
-    torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls on tensor cores
-    torch.backends.cudnn.allow_tf32 = True
+    allow_tf32()  # float32 matmuls on tensor cores
 ctx = autocast(device, dtype)
 out_dir = Path(out_dir)
 ckpt_path, log_path = out_dir / "ckpt.pt", out_dir / "log.jsonl"
@@ -178,10 +175,11 @@ def get_batch(split, windows):
     shard = np.searchsorted(first[split], windows, side="right") - 1
     rows = [data[split][k][i:i + block_size + 1] for k, i in zip(shard, windows - first[split][shard])]
     xy = torch.from_numpy(np.stack(rows).astype(np.int64))
-    x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+    xy = torch.stack([xy[:, :-1], xy[:, 1:]])  # x and y side by side: one copy to the device, not two
     if device_type == "cuda":  # pinned memory lets the copy run asynchronously
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+        xy = xy.pin_memory().to(device, non_blocking=True)
+    x, y = xy.to(device)
+    return x, y
 
 
 # Training windows: each iteration draws all its gradient_accumulation_steps micro-batches from one
@@ -272,6 +270,7 @@ try:
 except ValueError as e:  # a bad model key, or a checkpoint of another shape
     die(e)
 torch.manual_seed(seed + 1 + rank)  # dropout draws from its own stream, one per rank
+raw_model.fused_route, raw_model.bf16_sources = "auto" if fused_route else False, bf16_sources
 raw_model.to(device)
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, res_query_lr_mult)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
@@ -295,7 +294,9 @@ ckpt = state = None  # free the memory
 start_iter = iter_num
 model = torch.compile(raw_model) if compile else raw_model
 # the model's buffers (DLR's fixed matrices) are constants: nothing to broadcast
-train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False) if ddp else model
+# gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, not in a second copy
+train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False,
+                  gradient_as_bucket_view=True) if ddp else model
 
 
 def get_lr(it):

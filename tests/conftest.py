@@ -5,6 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without a GPU, Triton kernels (kernels.py) run in Triton's interpreter, on CPU tensors: it must be
+# chosen before triton is first imported, which model.py does only when a forward asks for them
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TIKTOKEN = REPO.parent / "shared/tiktoken_cache"
 

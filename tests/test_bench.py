@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--threads=1", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
+TINY = ["--device=cpu", "--threads=1", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
         "--rounds=1", "--train_steps=1", "--decode_tokens=2"]
 
 

@@ -83,27 +83,81 @@ def test_run_names_round_trip():
             common.run_settings(bad)
 
 
-def fake_gpu(monkeypatch, name="NVIDIA A100-SXM4-80GB", native_bf16=True, count=1):
-    """torch.cuda as it looks on a machine with `count` GPUs called `name`. Without native bf16 (V100,
-    T4), is_bf16_supported() still says True, as torch emulates it, unless asked without emulation."""
+def fake_gpu(monkeypatch, name="NVIDIA A100-SXM4-80GB", native_bf16=True, count=1, capabilities=None):
+    """torch.cuda as it looks on a machine with `count` GPUs called `name`: compute capability 8.0
+    (bfloat16 units) or 7.0 (V100: none; is_bf16_supported() still says True, as torch emulates it),
+    or per GPU index as `capabilities` lists them. set_device records its argument in the list returned."""
+    capabilities = capabilities or [(8, 0) if native_bf16 else (7, 0)] * count
+    current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native_bf16 or including_emulation)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: capabilities[torch.device(device).index or 0])
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    return current
 
 
 def test_auto_dtype_takes_bf16_only_where_the_gpu_has_it(monkeypatch):
     """dtype=auto: bfloat16 on a GPU with bfloat16 units, float16 (with train.py's scaler) on one that only
     emulates it, float32 on CPU and MPS; a dtype named explicitly is kept."""
     fake_gpu(monkeypatch, native_bf16=True)
-    assert resolve_dtype("auto", "cuda") == "bfloat16" and resolve_dtype("auto", "cuda:1") == "bfloat16"
+    assert resolve_dtype("auto", "cuda") == "bfloat16" and resolve_dtype("auto", "cuda:0") == "bfloat16"
     fake_gpu(monkeypatch, "Tesla V100-SXM2-16GB", native_bf16=False)
-    assert torch.cuda.is_bf16_supported()  # what the old check asked: emulation counts
+    assert torch.cuda.is_bf16_supported()  # what torch's own check says: emulation counts
     assert resolve_dtype("auto", "cuda") == "float16"
     assert resolve_dtype("bfloat16", "cuda") == "bfloat16"
     assert resolve_dtype("auto", "cpu") == resolve_dtype("auto", "mps") == "float32"
     with pytest.raises(ValueError, match="dtype='half' is not allowed: use auto, float32, bfloat16, float16"):
         resolve_dtype("half", "cpu")
+
+
+def test_auto_dtype_asks_the_gpu_named_not_the_current_one(monkeypatch):
+    """On a machine with a V100 as cuda:0 and an A100 as cuda:1, each gets its own dtype."""
+    fake_gpu(monkeypatch, count=2, capabilities=[(7, 0), (8, 0)])
+    assert resolve_dtype("auto", "cuda:0") == "float16" and resolve_dtype("auto", "cuda:1") == "bfloat16"
+
+
+def test_bind_device_gives_set_device_an_index(monkeypatch):
+    """A plain "cuda" binds GPU 0 (set_device("cuda") raises); torchrun's LOCAL_RANK picks the GPU;
+    a CPU binds nothing."""
+    current = fake_gpu(monkeypatch, count=2)
+    assert common.bind_device("cuda") == "cuda" and current == [0]
+    assert common.bind_device("cuda:1") == "cuda:1" and current == [0, 1]
+    assert common.bind_device("cuda", ddp=True, local_rank=1) == "cuda:1" and current == [0, 1, 1]
+    assert common.bind_device("cpu", ddp=True, local_rank=1) == "cpu" and current == [0, 1, 1]
+
+
+def test_more_ranks_than_gpus_is_a_clear_error(monkeypatch):
+    """LOCAL_RANK past the GPUs this process sees is a one-line error, not CUDA's "invalid device ordinal"."""
+    current = fake_gpu(monkeypatch, count=2)
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=2 but this process sees 2 GPU\(s\).*--nproc_per_node=2"):
+        common.bind_device("cuda", ddp=True, local_rank=2)
+    assert current == []
+
+
+def test_process_group_waits_for_downloads_and_binds_nccl_to_its_gpu():
+    """NCCL on a GPU, bound to it (device_id), gloo on a CPU; both wait far longer than NCCL's default
+    10 minutes, the time rank 0 may take to download gpt2-xl while the others wait."""
+    gpu, cpu = common.process_group_options("cuda:3"), common.process_group_options("cpu")
+    assert gpu["backend"] == "nccl" and gpu["device_id"] == torch.device("cuda:3")
+    assert cpu["backend"] == "gloo" and "device_id" not in cpu
+    assert gpu["timeout"].total_seconds() >= 3600 and cpu["timeout"] == gpu["timeout"]
+
+
+def test_allow_tf32_uses_the_fp32_precision_api():
+    """torch >= 2.9: TF32 is set through fp32_precision, not the deprecated allow_tf32 flags."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no fp32_precision settings")
+    before = matmul.fp32_precision, conv.fp32_precision
+    try:
+        matmul.fp32_precision = conv.fp32_precision = "ieee"
+        common.allow_tf32()
+        assert matmul.fp32_precision == conv.fp32_precision == "tf32"
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = before
 
 
 def test_device_names_are_checked_against_the_machine(monkeypatch):

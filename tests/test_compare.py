@@ -100,6 +100,22 @@ def test_eta_and_threads_with_jobs(monkeypatch):
     assert compare.run_env(2)["OMP_NUM_THREADS"] == "3"
 
 
+def test_each_job_slot_trains_on_its_own_gpu(monkeypatch):
+    """With several GPUs, job slot k sees only GPU k modulo their number (rather than every run on GPU 0);
+    CUDA_VISIBLE_DEVICES, where set, names the GPUs to share; one GPU or none changes nothing."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    env = {"PATH": "/bin"}
+    gpus = compare.visible_gpus(env)
+    assert gpus == ["0", "1"]
+    assert [compare.slot_env(env, slot, gpus)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == ["0", "1", "0"]
+    assert compare.slot_env(env, 0, gpus)["PATH"] == "/bin" and "CUDA_VISIBLE_DEVICES" not in env
+    listed = {"CUDA_VISIBLE_DEVICES": "3, 5"}
+    assert [compare.slot_env(listed, slot, compare.visible_gpus(listed))["CUDA_VISIBLE_DEVICES"]
+            for slot in range(2)] == ["3", "5"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert compare.slot_env(env, 1, compare.visible_gpus(env)) is env
+
+
 def test_command_line_is_read_as_train_py_reads_its_own(capsys):
     """compare.py's keys and train.py's are parsed by the configurator: run settings are refused, a wrong
     train.py key or value stops the grid before anything runs, a config file is executed as train.py would."""

@@ -70,11 +70,19 @@ def logits_loss_grad(model, x, y, ctx=None):
 
 @pytest.fixture(autouse=True)
 def exact_float32():
-    """float32 matmuls in float32, not TF32, so that a float32 reference is one."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    """float32 matmuls in float32, not TF32, so that a float32 reference is one (common.allow_tf32's
+    setting, through the same API: torch >= 2.9 refuses to mix it with the legacy allow_tf32 flags)."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    if not hasattr(matmul, "fp32_precision"):
+        before = matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        yield
+        matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+        return
+    before = matmul.fp32_precision, conv.fp32_precision
+    matmul.fp32_precision = conv.fp32_precision = "ieee"
     yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    matmul.fp32_precision, conv.fp32_precision = before
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -137,16 +145,34 @@ def data(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("syn"))
 
 
-@pytest.mark.parametrize("mode", ["standard", "attnres", "delta", "rd", "dlr"])
-def test_every_mode_trains_on_the_gpu(mode, data, tmp_path):
-    """train.py on the GPU in dtype=auto (bfloat16 on Ampere and later): a few iterations lower the loss."""
-    extra = {"dlr": ["--residual=delta", "--lowrank_rank=16", "--dlr=True"]}.get(mode, [f"--residual={mode}"])
-    train(*TRAIN_ON_GPU, *extra, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=6",
-          cwd=tmp_path)
-    evals = events(tmp_path, "eval")
-    assert evals[1]["val_loss"] < evals[0]["val_loss"] - 0.1
-    start = events(tmp_path, "start")[0]
-    assert start["config"]["dtype"] == resolve_dtype("auto", "cuda") and start["device"] == "cuda"
+TRAINED_MODES = {  # train.py arguments of every mode, per sublayer and block routing, the plain route, DLR
+    "standard": ["--residual=standard"], "attnres": ["--residual=attnres"], "delta/2": ["--residual=delta", "--res_blocks=2"],
+    "rd": ["--residual=rd"], "rd/plain": ["--residual=rd", "--fused_route=False"],
+    "dlr": ["--residual=delta", "--lowrank_rank=16", "--dlr=True"],
+}
+
+
+def test_every_mode_trains_on_the_gpu(data, tmp_path):
+    """train.py with the default device and dtype (cuda, bfloat16 on Ampere and later) in every mode: a few
+    iterations lower the loss, the log names the device, and the checkpoint loads on a CPU-only machine
+    (its tensors were saved on the CPU). The runs start together: each pays Python's and CUDA's start-up."""
+    runs = {mode: tmp_path / mode.replace("/", "_") for mode in TRAINED_MODES}
+    args = [a for a in TRAIN_ON_GPU if not a.startswith("--device")]  # the default: auto
+    procs = {mode: subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, *TRAINED_MODES[mode], f"--dataset={data}",
+                                     f"--out_dir={out}", "--max_iters=6", "--eval_interval=6"], cwd=tmp_path, env=ENV,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for mode, out in runs.items()}
+    for mode, proc in procs.items():
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{mode}:\n{output}"
+    for mode, out in runs.items():
+        evals = events(out, "eval")
+        assert evals[1]["val_loss"] < evals[0]["val_loss"] - 0.1, mode
+        start = events(out, "start")[0]
+        assert start["config"]["dtype"] == resolve_dtype("auto", "cuda") and start["device"] == "cuda"
+        saved = torch.load(out / "ckpt.pt", weights_only=True)  # no map_location: each tensor where it was saved
+        tensors = [*saved["model"].values(), *(v for st in saved["optimizer"]["state"].values() for v in st.values())]
+        assert {t.device.type for t in tensors if torch.is_tensor(t)} == {"cpu"}, mode
 
 
 @pytest.mark.parametrize("dtype,compile", [("float16", False), ("bfloat16", True)])
@@ -205,3 +231,21 @@ def test_torchrun_nccl_two_ranks_match_one_process(data, tmp_path):
         assert two[it] == pytest.approx(one[it], rel=1e-4)
     start = json.loads((tmp_path / "two" / "log.jsonl").read_text().splitlines()[0])
     assert start["device"] == "cuda:0"
+
+
+def test_torchrun_nccl_on_one_gpu_trains_saves_and_resumes(data, tmp_path):
+    """torchrun --nproc_per_node=1 over NCCL (the process group bound to its GPU, DDP's wrapper, the
+    loss all-reduce, rank 0's checkpoint, a resume): the same losses as a plain run of the same
+    settings, to float32 reordering, and a resume that continues from iter 4 where it stopped."""
+    common = [*TRAIN_ON_GPU, f"--dataset={data}", "--dtype=float32", "--residual=rd", "--eval_interval=4"]
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(REPO / "train.py"))
+    train(*common, f"--out_dir={tmp_path / 'plain'}", "--max_iters=8", cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'ddp'}", "--max_iters=4", command=torchrun, cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'ddp'}", "--max_iters=8", "--init_from=resume", command=torchrun, cwd=tmp_path)
+    plain, ddp = ({e["iter"]: e["loss"] for e in events(tmp_path / d, "train")} for d in ("plain", "ddp"))
+    assert list(plain) == list(ddp) == list(range(8))
+    for it in plain:
+        assert ddp[it] == pytest.approx(plain[it], rel=1e-4)
+    assert [e["event"] for e in map(json.loads, (tmp_path / "ddp" / "log.jsonl").read_text().splitlines())
+            if e["event"] in ("start", "resume")] == ["start", "resume"]
+    assert events(tmp_path / "ddp", "start")[0]["device"] == "cuda:0"

@@ -112,3 +112,18 @@ def test_a_failed_checkpoint_save_keeps_the_old_one_and_leaves_no_temporary_file
     with pytest.raises(Exception):
         save_checkpoint(dict(model={}, model_args={}, iter_num=2, config=lambda: None), path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"] and path.read_bytes() == before
+
+
+def test_checkpoints_are_saved_with_cpu_tensors(tmp_path, monkeypatch):
+    """Every tensor of a checkpoint, nested in the optimizer state and the RNG list too, goes through
+    .cpu() before torch.save, so a CPU-only machine loads a GPU run's checkpoint with a plain torch.load
+    (test_gpu.py checks the file itself on a GPU). Tuples stay tuples (Python's RNG state is one)."""
+    moved = []
+    real_cpu = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: moved.append(tuple(t.shape)) or real_cpu(t, *a, **k))
+    obj = dict(model={"w": torch.ones(2, 3)}, model_args={}, optimizer={"state": {0: {"exp_avg": torch.zeros(4)}}},
+               rng=[dict(torch=torch.zeros(5, dtype=torch.uint8), python=(3, (1, 2), None))])
+    save_checkpoint(obj, tmp_path / "ckpt.pt")
+    assert sorted(moved) == [(2, 3), (4,), (5,)]
+    loaded = load_checkpoint(tmp_path / "ckpt.pt")
+    assert loaded["rng"][0]["python"] == (3, (1, 2), None) and torch.equal(loaded["model"]["w"], torch.ones(2, 3))

@@ -1,0 +1,349 @@
+"""
+The route as fused Triton kernels: model.reference_route's math, one pass over the sources.
+
+Per token, with m sources s_i (each [B, T, d]) and the route's pseudo-query w ([d]):
+
+    r_i     = (|s_i|^2 / d + eps)^(-1/2)       gainless rmsnorm, as a scale: no normalised copy of s_i
+    logit_i = r_i (s_i . w)                    = w . rmsnorm(s_i)
+    a       = softmax_i(logit)                 over depth, per token
+    mix     = sum_i a_i s_i
+
+Backward, with g = dL/dmix:
+
+    gs_i    = g . s_i
+    gmix    = g . mix                          (= sum_k a_k gs_k)
+    delta_i = a_i (gs_i - gmix)                = dL/dlogit_i, the softmax backward
+    dL/ds_i = a_i g + delta_i r_i (w - logit_i r_i s_i / d)
+    dL/dw   = sum over tokens of sum_i delta_i r_i s_i
+
+Why: the eager route is memory-bound, a chain of passes over [B, T, d] per source in each direction.
+Here the forward reads each source once and writes the mix; the backward reads g, the mix and each
+source once and writes each source's gradient. Nothing [B, T, d]-sized is saved beyond the mix
+(which the next layer's norm keeps anyway): per token, one float32 log-sum-exp. Logits and inverse
+RMS are recomputed in the backward from the source it reads anyway (a few flops, no extra bytes).
+All math is float32; sources may be stored in bfloat16 (half the bytes).
+
+fused_route(query, sources) is the entry point, registered as the custom op nanoattnres::route so
+torch.compile sees one node per route. model.reference_route is the definition it is tested against
+(tests/test_kernels.py); `python kernels.py` times it on a GPU against its byte floor.
+"""
+
+import contextlib
+import os
+import time
+import types
+from collections.abc import Sequence
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # the module still imports (the op registers, available() says False); the kernels are never called
+    HAVE_TRITON = False
+    triton = types.SimpleNamespace(jit=lambda fn: fn, next_power_of_2=None, cdiv=None)
+    tl = types.SimpleNamespace(constexpr=None)
+
+DTYPES = (torch.float32, torch.bfloat16)  # source dtypes the kernels are tested with
+# A program's tile: BLOCK_T tokens x BLOCK_D >= d features, TILE_ELEMENTS in all over NUM_WARPS warps
+# (32 float32 values per thread of each tile-sized temporary). Compiled by Triton 3.6 for sm_90 at
+# d = 768 with 25 sources (bf16 or fp32), this is 120-125 registers in the forward and 128 in the
+# backward, no spills: 4 programs (16 warps) per multiprocessor, 24 kB of loads in flight. Larger
+# tiles or more warps cost more registers than they add loads in flight (by ptxas's counts; the
+# choices are not yet timed against each other on a GPU).
+TILE_ELEMENTS = 4096
+NUM_WARPS = 4
+MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
+
+
+def available(device):
+    """Whether fused_route can run on `device`: Triton on a CUDA GPU, or Triton's interpreter on the CPU
+    (TRITON_INTERPRET=1, set before triton is imported)."""
+    device = torch.device(device)
+    if not HAVE_TRITON:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def why_unavailable(device):
+    """Why available(device) is False, as what to do about it."""
+    if not HAVE_TRITON:
+        return "Triton is not installed (pip install triton; CUDA builds of torch bring it)"
+    return (f"Triton runs on CUDA GPUs, and on the CPU only in its interpreter (TRITON_INTERPRET=1 before triton "
+            f"is imported); on {torch.device(device)} use the plain route (fused_route=False)")
+
+
+def bucket(m):
+    """The number of source slots a kernel is compiled for: m rounded up to a power of two.
+
+    The sources reach the kernel as one tuple argument, padded to this size with sources[0], and the
+    real count m as a runtime int: the kernel loops over the slots with tl.static_range and skips
+    slot i >= m with a runtime `if`, so the padding is never read. A model whose routes read 1..25
+    sources compiles 6 variants per direction and width, not 25 (times Triton's own specialisations,
+    such as whether the token count is a multiple of 16), with no stack or concatenation of the
+    sources (a per-route stack would copy every source, and keep the copies for backward).
+    Tuples of pointers as kernel arguments: checked with Triton 3.6 (the GPUs' version; compiled for
+    sm_90 and in the interpreter) and 3.9. Unlike a table of pointers in memory, they also run in the
+    interpreter, and unlike a fixed number of pointer arguments they need no chained launches.
+    """
+    return triton.next_power_of_2(m)
+
+
+# -----------------------------------------------------------------------------
+# The kernels
+
+@triton.jit
+def _route_fwd_kernel(
+    sources,  # tuple of NB pointers, each to an [N, D] source (slots >= m pad with the first)
+    mix_ptr,  # [N, D] out, the sources' dtype
+    lse_ptr,  # [N] out, float32: log-sum-exp of the logits, all the backward needs to rebuild a_i
+    query_ptr,  # [D]
+    m, n_tokens,
+    # the floats are constexpr: a Python float passed as a runtime argument becomes float64 under Inductor
+    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr,
+    NB: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < n_tokens
+    mask = row_ok[:, None] & (cols < D)[None, :]
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]  # int64: N * D can pass 2^31
+    w = tl.load(query_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+
+    # online softmax over the sources: running max, running sum of exp, running weighted sum
+    run_max = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK_T], tl.float32)
+    acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    for i in tl.static_range(NB):
+        if i < m:  # padded slots are skipped, never read
+            s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
+            r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i = (|s_i|^2 / d + eps)^(-1/2)
+            logit = r * tl.sum(s * w[None, :], axis=1)  # logit_i = r_i (s_i . w)
+            new_max = tl.maximum(run_max, logit)
+            rescale = tl.exp(run_max - new_max)  # 0 at the first source (run_max = -inf)
+            p = tl.exp(logit - new_max)
+            run_sum = run_sum * rescale + p
+            acc = acc * rescale[:, None] + p[:, None] * s
+            run_max = new_max
+    mix = acc / run_sum[:, None]  # sum_i a_i s_i, a_i = exp(logit_i - max) / sum_k exp(logit_k - max)
+    tl.store(mix_ptr + offs, mix.to(mix_ptr.dtype.element_ty), mask=mask)
+    tl.store(lse_ptr + rows, run_max + tl.log(run_sum), mask=row_ok)  # a_i = exp(logit_i - lse)
+
+
+@triton.jit
+def _route_bwd_kernel(
+    grad_ptr, mix_ptr, lse_ptr, query_ptr,  # g [N, D], mix [N, D], lse [N], w [D]
+    sources, grads,  # tuples of NB pointers: the sources [N, D] and their gradients [N, D] (out)
+    dw_ptr,  # [tiles, D] out, float32: each tile's part of dL/dw, summed by the caller (no atomics)
+    m, n_tokens,
+    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr,
+    NB: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < n_tokens
+    col_ok = cols < D
+    mask = row_ok[:, None] & col_ok[None, :]
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    w = tl.load(query_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    # masked rows and columns load zeros, which make delta_i = 0 there: no NaN, no stray dw
+    g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gmix = tl.sum(g * tl.load(mix_ptr + offs, mask=mask, other=0.0).to(tl.float32), axis=1)  # g . mix
+    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+    dw = tl.zeros([BLOCK_D], tl.float32)
+    for i in tl.static_range(NB):
+        if i < m:
+            s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
+            r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i, recomputed as in the forward
+            logit = r * tl.sum(s * w[None, :], axis=1)  # logit_i
+            a = tl.exp(logit - lse)  # a_i
+            delta = a * (tl.sum(g * s, axis=1) - gmix)  # delta_i = a_i (g . s_i - g . mix)
+            dr = delta * r
+            # dL/ds_i = a_i g + delta_i r_i (w - logit_i r_i s_i / d)
+            ds = a[:, None] * g + dr[:, None] * (w[None, :] - (logit * r * INV_D)[:, None] * s)
+            tl.store(grads[i] + offs, ds.to(grads[i].dtype.element_ty), mask=mask)
+            dw += tl.sum(dr[:, None] * s, axis=0)  # dL/dw += delta_i r_i s_i, over this tile's tokens
+    tl.store(dw_ptr + pid * D + cols, dw, mask=col_ok)
+
+
+# -----------------------------------------------------------------------------
+# Launches
+
+def _padded(tensors):
+    return tuple(tensors) + (tensors[0],) * (bucket(len(tensors)) - len(tensors))
+
+
+def _launch(sources):
+    """The grid (one program per tile), the token count and the compile-time arguments for these sources."""
+    from model import ROUTING_RMS_EPS  # here, not at the top: model.py imports this module
+    d = sources[0].size(-1)
+    n = sources[0].numel() // d
+    block_d = triton.next_power_of_2(d)
+    block_t = max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // block_d))
+    constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, NB=bucket(len(sources)), BLOCK_T=block_t, BLOCK_D=block_d,
+                     num_warps=NUM_WARPS)
+    return (triton.cdiv(n, block_t),), n, constants
+
+
+def _on(device):
+    """Triton launches on the current CUDA device: make it the tensors' own (cuda:1 in sample.py, say)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _forward(query, sources):
+    s0 = sources[0]
+    mix = torch.empty_like(s0)
+    lse = torch.empty(s0.shape[:-1], device=s0.device, dtype=torch.float32)
+    grid, n, constants = _launch(sources)
+    if n > 0:
+        with _on(s0.device):
+            _route_fwd_kernel[grid](_padded(sources), mix, lse, query, len(sources), n, **constants)
+    return mix, lse
+
+
+def _backward(grad, mix, lse, query, sources):
+    grads = [torch.empty_like(s) for s in sources]
+    grid, n, constants = _launch(sources)
+    if n == 0:
+        return torch.zeros_like(query), grads
+    # One tile per program, each writing its own row of dL/dw partials: d floats written and summed per
+    # tile of (2m + 2) BLOCK_T d elements, 1 / (2 (m + 1)) more bytes at d = 768 in bf16. A program that
+    # looped over several tiles (fewer partials) compiled to 200+ registers at 25 sources: the compiler
+    # keeps all 64 source and gradient pointers live across the loop.
+    dw = torch.empty(grid[0], query.numel(), device=query.device, dtype=torch.float32)
+    with _on(query.device):
+        _route_bwd_kernel[grid](grad.contiguous(), mix, lse, query, _padded(sources), _padded(grads), dw, len(sources),
+                                n, **constants)
+    return dw.sum(dim=0).to(query.dtype), grads  # a fixed-order reduction of fixed-shape partials: deterministic
+
+
+# -----------------------------------------------------------------------------
+# The custom ops: one graph node per route for torch.compile, and autograd around it
+
+@torch.library.custom_op("nanoattnres::route", mutates_args=())
+def _route_op(query: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mix, lse): the route and its per-token log-sum-exp, kept for the backward."""
+    if not HAVE_TRITON:
+        raise RuntimeError("nanoattnres::route needs triton (pip install triton)")
+    return _forward(query, sources)
+
+
+@_route_op.register_fake
+def _(query, sources):
+    s0 = sources[0]
+    return torch.empty_like(s0), s0.new_empty(s0.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("nanoattnres::route_backward", mutates_args=())
+def _route_backward_op(grad: torch.Tensor, mix: torch.Tensor, lse: torch.Tensor, query: torch.Tensor,
+                       sources: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(dL/dw, [dL/ds_i]) from g = dL/dmix, the forward's outputs and its inputs."""
+    return _backward(grad, mix, lse, query, sources)
+
+
+@_route_backward_op.register_fake
+def _(grad, mix, lse, query, sources):
+    return torch.empty_like(query), [torch.empty_like(s) for s in sources]
+
+
+def _setup_context(ctx, inputs, output):
+    query, sources = inputs
+    mix, lse = output
+    ctx.save_for_backward(query, mix, lse, *sources)  # references to tensors autograd keeps anyway, no copies
+    ctx.mark_non_differentiable(lse)
+
+
+def _route_grad(ctx, grad_mix, grad_lse):
+    query, mix, lse, *sources = ctx.saved_tensors
+    return _route_backward_op(grad_mix, mix, lse, query, sources)
+
+
+_route_op.register_autograd(_route_grad, setup_context=_setup_context)
+
+
+def fused_route(query, sources):
+    """sum_i a_i s_i with a = softmax_i(w . rmsnorm(s_i)), per token: model.reference_route, fused.
+
+    query: the route's pseudo-query w, [d]. sources: m >= 1 contiguous [B, T, d] tensors of one
+    dtype (float32 or bfloat16) on one device. Returns the mix, [B, T, d], in the sources' dtype;
+    the math inside is float32. Differentiable in the query and every source.
+    """
+    sources = list(sources)
+    if not sources:
+        raise ValueError("fused_route needs at least one source")
+    s0 = sources[0]
+    for s in sources:
+        if s.shape != s0.shape or s.dtype != s0.dtype or s.device != s0.device:
+            raise ValueError(f"fused_route: sources differ: {tuple(s.shape)} {s.dtype} {s.device} "
+                             f"against {tuple(s0.shape)} {s0.dtype} {s0.device}")
+        if not s.is_contiguous():
+            raise ValueError("fused_route: sources must be contiguous")
+    if s0.dtype not in DTYPES:
+        raise ValueError(f"fused_route: sources are {s0.dtype}, supported are {DTYPES}")
+    if query.shape != s0.shape[-1:] or query.device != s0.device:
+        raise ValueError(f"fused_route: query is {tuple(query.shape)} on {query.device}, "
+                         f"sources need [{s0.size(-1)}] on {s0.device}")
+    return _route_op(query, sources)[0]
+
+
+# -----------------------------------------------------------------------------
+# Timing against the byte floor (GPU only)
+
+def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16):
+    """Forward and forward+backward of fused_route against the plain route in eager PyTorch, on CUDA.
+
+    The byte floor: the forward must read m sources and write the mix, (m + 1) B T d elements; the
+    backward must read g, the mix and m sources and write m gradients, (2m + 2) B T d elements.
+    GB/s below is that floor divided by the measured time (the copy bandwidth is the ceiling).
+    """
+    from model import reference_route
+    assert torch.cuda.is_available(), "benchmark_route needs a CUDA GPU"
+    torch.manual_seed(0)
+    sources = [torch.randn(B, T, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(m)]
+    query = (torch.randn(d, device="cuda") / d ** 0.5).requires_grad_()
+    grad = torch.randn(B, T, d, device="cuda", dtype=dtype)
+    element = torch.empty((), dtype=dtype).element_size()
+    floor_fwd = (m + 1) * B * T * d * element
+    floor_bwd = (2 * m + 2) * B * T * d * element
+
+    def fwd_bwd(route):
+        def run():
+            torch.autograd.grad(route(query, sources), [query, *sources], grad)
+        return run
+
+    def eager(w, sources):  # the plain route, all in the sources' dtype (a float32 query would not multiply bf16 keys)
+        return reference_route(w.to(sources[0].dtype), sources)
+
+    result = dict(m=m, shape=[B, T, d], dtype=str(dtype), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                  triton=triton.__version__, floor_bytes_fwd=floor_fwd, floor_bytes_fwd_bwd=floor_fwd + floor_bwd)
+    print(f"route: m={m} sources of [{B}, {T}, {d}] {dtype}, {result['gpu']}, torch {torch.__version__}, "
+          f"triton {triton.__version__}")
+    start = time.perf_counter()
+    fwd_bwd(fused_route)()
+    torch.cuda.synchronize()
+    result["first_call_s"] = time.perf_counter() - start
+    print(f"first call (compiles bucket {bucket(m)} both ways, unless cached): {result['first_call_s']:.1f} s")
+    for name, route in (("fused", fused_route), ("eager", eager)):
+        with torch.no_grad():
+            t_fwd = triton.testing.do_bench(lambda: route(query, sources))
+        t_all = triton.testing.do_bench(fwd_bwd(route))
+        result[name] = dict(fwd_ms=t_fwd, fwd_bwd_ms=t_all, fwd_gb_s=floor_fwd / t_fwd / 1e6,
+                            fwd_bwd_gb_s=(floor_fwd + floor_bwd) / t_all / 1e6)
+        print(f"{name:>6}: forward {t_fwd:7.3f} ms ({floor_fwd / t_fwd / 1e6:6.0f} GB/s)   "
+              f"forward+backward {t_all:7.3f} ms ({(floor_fwd + floor_bwd) / t_all / 1e6:6.0f} GB/s)")
+    return result
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(description="Time one fused route against its byte floor and the eager route (CUDA).")
+    parser.add_argument("--m", type=int, default=25, help="sources (25: the output route of a 12-layer per-sublayer model)")
+    parser.add_argument("--json", help="also write the timings to this file")
+    args = parser.parse_args()
+    timings = benchmark_route(m=args.m)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(timings, f, indent=1)

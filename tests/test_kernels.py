@@ -1,0 +1,264 @@
+"""
+kernels.fused_route against model.reference_route, the definition it fuses: forward, the query's and
+every source's gradient, on a GPU when there is one, else on the CPU through Triton's interpreter.
+
+Shapes are tiny (the interpreter runs each program in numpy) but cover the edges: widths 24, 33, 40
+(not powers of two: masked feature columns), 26 and 150 tokens (2 and 10 tiles of 16, the last one
+part-masked: the backward's per-tile dL/dw partials are summed), and 1 to 9 sources across
+the kernel's power-of-two buckets (slots past m are padding the kernel must skip). Queries are random
+and nonzero: a zero query gives uniform weights, which hide softmax and logit bugs.
+
+Tolerances, relative to the largest magnitude of what is compared (the reference runs in float64):
+- float32 sources: the kernel's sums (over d <= 40 features, m <= 9 sources, in another order than
+  the reference's) round at float32's 6e-8; measured up to 7e-7 of the scale (these cases, 4 seeds,
+  interpreter). Allowed: 1e-5.
+- bfloat16 sources (float32 math, bfloat16 storage): the output is rounded once to 8 significant
+  bits; the GPU rounds to nearest (2^-8 relative), the interpreter truncates (2^-7): allowed 2^-7 of
+  the scale. The gradients also see the bfloat16-stored mix through g . mix, which enters
+  delta_i = a_i (g . s_i - g . mix) as the difference of two dot products over d terms: measured up
+  to 1.3% of the scale. Allowed: 3%. Dropping the rmsnorm's derivative from dL/ds_i (the smallest
+  wrong kernel tried) is off by 8% to 24%; dropping g . mix, by 57% or more; r_i from dL/dw, by 18% or more.
+"""
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+pytest.importorskip("triton")  # without a GPU, in the interpreter: conftest.py sets TRITON_INTERPRET=1 first
+
+import kernels  # noqa: E402
+from helpers import perturb_norms_and_biases, randomise_queries, tiny_config  # noqa: E402
+from model import GPT, reference_route  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CASES = [  # (m sources, B, T, d)
+    (1, 2, 13, 24), (2, 2, 13, 33), (3, 2, 13, 40), (4, 2, 13, 24), (5, 2, 13, 33), (8, 2, 13, 24),
+    (9, 2, 13, 40), (5, 3, 50, 24),
+]
+
+
+def make_route(m, B, T, d, dtype=torch.float32, seed=0):
+    """A random route: sources at different scales (so the rmsnorm matters), a query whose logits have
+    std ~1.5 (weights that choose, but not one-hot), and an output gradient."""
+    g = torch.Generator().manual_seed(seed)
+    sources = [(torch.randn(B, T, d, generator=g) * (0.5 + 2 * torch.rand(1, generator=g))).to(DEVICE, dtype)
+               for _ in range(m)]
+    query = (torch.randn(d, generator=g) * 1.5 / d ** 0.5).to(DEVICE)
+    grad = torch.randn(B, T, d, generator=g).to(DEVICE, dtype)
+    return query, sources, grad
+
+
+def route_and_grads(route, query, sources, grad, dtype=None):
+    """route(query, sources) and d(mix . grad) with respect to the query and every source."""
+    query = query.detach().to(dtype or query.dtype).requires_grad_()
+    sources = [s.detach().to(dtype or s.dtype).requires_grad_() for s in sources]
+    mix = route(query, sources)
+    return [mix.detach()] + [t.detach() for t in torch.autograd.grad(mix, [query, *sources], grad.to(mix.dtype))]
+
+
+def assert_close(fused, reference, tol, what):
+    scale = reference.abs().max().item()
+    err = (fused.double() - reference).abs().max().item()
+    assert err <= tol * scale + 1e-12, f"{what}: error {err:.3g} against scale {scale:.3g} (allowed {tol:.3g} of it)"
+
+
+def check_against_reference(m, B, T, d, dtype, tol_mix, tol_grad):
+    query, sources, grad = make_route(m, B, T, d, dtype)
+    fused = route_and_grads(kernels.fused_route, query, sources, grad)
+    reference = route_and_grads(reference_route, query, sources, grad, dtype=torch.float64)
+    assert fused[0].dtype == dtype and all(ds.dtype == dtype for ds in fused[2:]) and fused[1].dtype == torch.float32
+    names = ["mix", "dL/dw"] + [f"dL/ds_{i}" for i in range(m)]
+    for name, f, r, tol in zip(names, fused, reference, [tol_mix] + [tol_grad] * (m + 1)):
+        assert_close(f, r, tol, f"m={m} d={d} {name}")
+
+
+@pytest.mark.parametrize("m, B, T, d", CASES)
+def test_fused_route_equals_reference_float32(m, B, T, d):
+    """With float32 sources the fused route and all its gradients equal the reference to float32 rounding."""
+    check_against_reference(m, B, T, d, torch.float32, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("m, B, T, d", [CASES[2], CASES[6], CASES[7]])
+def test_fused_route_equals_reference_bfloat16(m, B, T, d):
+    """With bfloat16 sources (float32 math inside) the route and its gradients are within bfloat16 storage error."""
+    check_against_reference(m, B, T, d, torch.bfloat16, 2 ** -7, 0.03)
+
+
+def test_single_source_is_the_source():
+    """One source: the route returns it bit for bit, passes the gradient through, and the query gets none."""
+    query, sources, grad = make_route(1, 2, 13, 33)
+    mix, dw, ds = route_and_grads(kernels.fused_route, query, sources, grad)
+    assert torch.equal(mix, sources[0]) and torch.equal(ds, grad)
+    assert dw.abs().max() == 0
+
+
+def test_sum_loss_gradient():
+    """mix.sum() as the loss (its gradient reaches the op expanded, not contiguous) gets the reference's gradients."""
+    query, sources, _ = make_route(3, 2, 13, 24, seed=4)
+    grads = []
+    for route, dtype in ((kernels.fused_route, None), (reference_route, torch.float64)):
+        w = query.detach().to(dtype or query.dtype).requires_grad_()
+        s = [x.detach().to(dtype or x.dtype).requires_grad_() for x in sources]
+        route(w, s).sum().backward()
+        grads.append([w.grad] + [x.grad for x in s])
+    for fused, reference in zip(*grads):
+        assert_close(fused, reference, 1e-5, "sum loss")
+
+
+def test_backward_is_deterministic():
+    """The same inputs give the same bits for the query's gradient (no atomics) and every source's."""
+    query, sources, grad = make_route(5, 3, 50, 24, seed=1)
+    first, second = (route_and_grads(kernels.fused_route, query, sources, grad) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_compiled_route_is_one_node_each_way():
+    """torch.compile sees one nanoattnres::route node in the forward graph and one route_backward in the backward."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = {}
+
+    def keep(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind] = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+            return make_boxed_func(gm)
+        return compiler
+
+    query, sources, grad = make_route(3, 2, 13, 24, seed=2)
+    torch._dynamo.reset()
+    compiled = torch.compile(kernels.fused_route, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")),
+                             fullgraph=True)
+    got = route_and_grads(compiled, query, sources, grad)
+    want = route_and_grads(kernels.fused_route, query, sources, grad)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert sum("nanoattnres.route." in t for t in graphs["fw"]) == 1, graphs["fw"]
+    assert sum("nanoattnres.route_backward." in t for t in graphs["bw"]) == 1, graphs["bw"]
+
+
+def test_route_op_registrations_agree():
+    """torch.library.opcheck: the op's schema, fake (shape) function and autograd registration are consistent."""
+    query, sources, _ = make_route(3, 2, 5, 24, seed=3)
+    sources = [s.requires_grad_() for s in sources]
+    torch.library.opcheck(torch.ops.nanoattnres.route.default, (query.requires_grad_(), sources))
+
+
+def test_rejects_mismatched_sources():
+    """Sources of different dtypes, shapes or a non-contiguous one are refused with a message, not misread."""
+    query, sources, _ = make_route(2, 2, 13, 24)
+    strided = sources[1].transpose(0, 1).contiguous().transpose(0, 1)  # the right shape, not contiguous
+    for bad in ([sources[0], sources[1].double()], [sources[0], sources[1][:, :7]], [sources[0], strided], []):
+        with pytest.raises(ValueError):
+            kernels.fused_route(query, bad)
+
+
+def test_available_where_triton_runs():
+    """available() is True on a GPU, and on the CPU under the interpreter; False on a device Triton cannot run."""
+    assert kernels.available(DEVICE)
+    assert not kernels.available("meta")
+
+
+# -----------------------------------------------------------------------------
+# Through GPT.forward: every mode and granularity on the fused route against the plain one
+
+def fused_and_plain(model, x, y, ctx=None):
+    """(logits, loss, {parameter: gradient}) of one forward and backward, with the fused route and with the plain one."""
+    out = []
+    for fused in (True, False):
+        model.fused_route = fused
+        model.zero_grad(set_to_none=True)
+        with ctx or nullcontext():
+            logits, loss = model(x, y)
+        loss.backward()
+        out.append((logits.float(), loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()
+                                                  if p.grad is not None}))
+    return out
+
+
+def routed_model(**overrides):
+    torch.manual_seed(0)
+    model = GPT(tiny_config(**overrides))
+    return randomise_queries(perturb_norms_and_biases(model), seed=0, scale=1.0).to(DEVICE)
+
+
+def tokens(b=2, t=13, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(0, 64, (b, t), generator=g).to(DEVICE) for _ in range(2))
+
+
+@pytest.mark.parametrize("mode", ["attnres", "delta", "rd"])
+@pytest.mark.parametrize("res_blocks", [0, 2])
+def test_fused_model_equals_plain_model(mode, res_blocks):
+    """GPT.forward on the fused route computes the plain route's logits, loss and every parameter's gradient
+    (float32; the two differ only in the order of float32 sums: allowed 1e-4 of each tensor's scale)."""
+    model = routed_model(residual=mode, res_blocks=res_blocks)
+    (f_logits, f_loss, f_grads), (p_logits, p_loss, p_grads) = fused_and_plain(model, *tokens())
+    assert (f_logits - p_logits).abs().max() <= 1e-4 * p_logits.abs().max()
+    assert f_loss == pytest.approx(p_loss, rel=1e-5)
+    assert f_grads.keys() == p_grads.keys()
+    for name, g in p_grads.items():
+        assert (f_grads[name] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-7, name
+
+
+def test_fused_model_with_low_rank_dlr_and_fixed_value_route():
+    """rd with DLR low-rank linears and a value route that never trains: the same on both routes, and
+    the fixed value queries get no gradient on the fused route either."""
+    model = routed_model(residual="rd", res_blocks=3, lowrank_rank=8, dlr=True, fixed_value_route=True)
+    (f_logits, _, f_grads), (p_logits, _, p_grads) = fused_and_plain(model, *tokens(t=16))
+    assert (f_logits - p_logits).abs().max() <= 1e-4 * p_logits.abs().max()
+    assert f_grads.keys() == p_grads.keys() and not any("res_query_v" in n for n in f_grads)
+
+
+def test_bf16_sources_stay_within_bf16_rounding():
+    """Under bfloat16 autocast the fused route stores its sources in bfloat16 (half the bytes) and adds in
+    float32: logits within 4% RMS and gradients with cos >= 0.995 of the float32 plain model, the
+    tolerances test_gpu.py gives bfloat16 autocast itself (bf16 keeps 8 bits: 2^-9 per rounding)."""
+    model = routed_model(residual="rd", res_blocks=0)
+    x, y = tokens()
+    model.fused_route = False
+    model.zero_grad(set_to_none=True)
+    ref_logits, ref_loss = model(x, y)
+    ref_loss.backward()
+    ref = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.fused_route, model.bf16_sources = True, True
+    assert model.route_implementation(torch.device(DEVICE)) == (kernels.fused_route, None)  # no autocast: float32 sources
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        assert model.route_implementation(torch.device(DEVICE)) == (kernels.fused_route, torch.bfloat16)
+        logits, loss = model(x, y)
+    loss.backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert ((logits.float() - ref_logits).norm() / ref_logits.norm()).item() <= 0.04
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-2)
+    assert torch.nn.functional.cosine_similarity(grad, ref, dim=0).item() >= 0.995
+
+
+def test_fused_cached_generation_equals_uncached():
+    """Greedy decoding on the fused route, with and without the KV cache (one-token routes), gives the same tokens."""
+    model = routed_model(residual="delta", res_blocks=2).eval()
+    model.fused_route = True
+    prompt = tokens(b=2, t=5)[0]
+    cached = torch.cat(list(model.generate_tokens(prompt, 12, temperature=0, use_cache=True)), dim=1)
+    uncached = torch.cat(list(model.generate_tokens(prompt, 12, temperature=0, use_cache=False)), dim=1)
+    assert torch.equal(cached, uncached)
+
+
+def test_routing_diagnostics_read_the_plain_route():
+    """collect_routing needs the depth weights, which the fused route never forms: that forward takes the plain route."""
+    model = routed_model(residual="attnres").eval()
+    model.fused_route = True
+    with torch.no_grad():
+        model(tokens()[0], collect_routing=True)
+    assert model.last_routing and all(abs(sum(r["weights"]) - 1) < 1e-5 for r in model.last_routing.values())
+
+
+def test_fused_route_where_it_cannot_run_is_a_clear_error(monkeypatch):
+    """fused_route=True on a device the kernels cannot run on says why, rather than silently taking the plain route."""
+    monkeypatch.setattr(kernels, "available", lambda device: False)
+    model = routed_model(residual="attnres")
+    model.fused_route = True
+    with pytest.raises(RuntimeError, match="fused_route=True on"):
+        model(tokens()[0])
+    model.fused_route = "yes"
+    with pytest.raises(ValueError, match="use 'auto', True or False"):
+        model(tokens()[0])

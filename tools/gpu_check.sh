@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU check: what this project promises on one CUDA GPU, in one command, in about 6 minutes on a
+# fresh machine (much of it Python, CUDA and Triton starting up), into one log and one JSON summary:
+#
+#     tools/gpu_check.sh [OUT_DIR [PART ...]]    # default gpu_check/, every part; OUT_DIR/summary.json
+#
+# The parts, in order (name them to run only those; the summary reads whatever OUT_DIR holds):
+#   tests   tests/test_gpu.py and tests/test_kernels.py on the GPU (pytest-xdist's -n 8 where installed)
+#   train   python train.py, 200 iterations on the GPU: the default (a delta model) and rd with low-rank
+#           DLR linears, each with its tokens/s and MFU in its log
+#   sample  sample.py from the first; fold.py on the second, then sample.py from the folded checkpoint
+#   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
+#           route, then with model.py's plain route, side by side within each run
+#   route   one route over 25 sources against its memory-traffic floor (python kernels.py)
+# Each part has a time limit, and a failed part does not stop the others: the summary says which passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu_check}
+shift || true
+parts=${*:-tests train sample bench route}
+mkdir -p "$out"
+log="$out/gpu_check.log"
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET  # the compiled kernels, not the CPU interpreter the CPU tests use
+
+part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its output appended to the log
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  echo "=== $name (limit ${limit} s): $*" | tee -a "$log"
+  timeout "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$log"
+  echo "$name $rc $((SECONDS - t0))" >>"$out/parts.txt"
+}
+wants() { [[ " $parts " == *" $1 "* ]]; }
+
+if wants tests; then
+  workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  part tests 300 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_kernels.py --junitxml="$out/tests.xml"
+fi
+if wants train; then
+  part prepare 60 python3 prepare.py
+  part train_delta 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --out_dir="$out/train_delta"
+  part train_rd_dlr 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --residual=rd \
+    --lowrank_rank=32 --dlr=True --out_dir="$out/train_rd_dlr"
+fi
+if wants sample; then
+  part sample 60 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200
+  part fold 60 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
+  part sample_folded 60 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
+fi
+if wants bench; then
+  bench=(python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 --batch_size=16
+         --block_size=1024 --rounds=3 --decode_tokens=16)
+  part bench_fused 150 "${bench[@]}" --json="$out/bench_eager_fused.json" \
+    --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,delta/res_blocks=0,rd/res_blocks=0,rd/res_blocks=4
+  part bench_plain 120 "${bench[@]}" --json="$out/bench_eager_plain.json" --fused_route=false \
+    --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,rd/res_blocks=4
+fi
+if wants route; then
+  part route 60 python3 kernels.py --json="$out/route.json"
+fi
+python3 tools/gpu_summary.py "$out" | tee -a "$log"
