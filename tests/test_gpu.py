@@ -199,7 +199,7 @@ def test_init_from_a_checkpoint_on_the_gpu(data, tmp_path):
 def test_bench_counts_each_rows_memory_alone():
     """bench.py's GPU peak memory of a row does not count the other rows' models and optimizers."""
     args = argparse.Namespace(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=256, batch_size=4,
-                                    device=DEVICE, compile=False)
+                                    device=DEVICE, compile=False, fused_route="auto", bf16_sources=True)
     ctx = nullcontext()
 
     def peak(row):

@@ -86,11 +86,13 @@ def test_fused_route_equals_reference_bfloat16(m, B, T, d):
 
 
 def test_single_source_is_the_source():
-    """One source: the route returns it bit for bit, passes the gradient through, and the query gets none."""
+    """One source: the route returns it and passes the gradient through (a = exp(logit - lse) = 1 up to
+    one float32 rounding of the exp: the interpreter's is exact, a GPU's fast exp is within 2 ulp), and
+    the query's gradient, delta = a (g.s - g.mix) with mix = s, vanishes to that rounding too."""
     query, sources, grad = make_route(1, 2, 13, 33)
     mix, dw, ds = route_and_grads(kernels.fused_route, query, sources, grad)
-    assert torch.equal(mix, sources[0]) and torch.equal(ds, grad)
-    assert dw.abs().max() == 0
+    assert torch.allclose(mix, sources[0], rtol=2.5e-7, atol=0) and torch.allclose(ds, grad, rtol=2.5e-7, atol=0)
+    assert dw.abs().max() <= 1e-5 * sources[0].abs().max() * grad.abs().max() * 26
 
 
 def test_sum_loss_gradient():

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The paired-seed check behind bf16_sources=True (the fused route's default on GPUs): the same 8-layer
+# rd runs of config/train_shakespeare_char.py (2000 iterations), seeds 0-2, with the routing sources
+# stored in bfloat16 and in float32, all six at once on one GPU; prints each run's final val loss and
+# the paired difference (bf16 - fp32), mean and std over the seeds.
+#
+#     python prepare.py shakespeare && tools/bf16_sources_check.sh [OUT_DIR]     # ~1 minute on an H200
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-out-bf16-sources}
+export PYTHONUNBUFFERED=1
+for seed in 0 1 2; do
+  for bf16 in True False; do
+    python3 train.py config/train_shakespeare_char.py --device=cuda --n_layer=8 --residual=rd --seed=$seed \
+      --bf16_sources=$bf16 --out_dir="$out/bf16_sources=$bf16/seed$seed" >"$out.seed$seed.$bf16.log" 2>&1 &
+  done
+done
+wait
+python3 - "$out" <<'PY'
+import json, statistics, sys
+def val_loss(bf16, seed):
+    events = [json.loads(line) for line in open(f"{sys.argv[1]}/bf16_sources={bf16}/seed{seed}/log.jsonl")]
+    return next(e["val_loss"] for e in events if e["event"] == "done")
+rows = [(seed, val_loss(True, seed), val_loss(False, seed)) for seed in range(3)]
+for seed, bf16, fp32 in rows:
+    print(f"seed {seed}: val loss bf16 sources {bf16:.4f}, float32 sources {fp32:.4f}, difference {bf16 - fp32:+.4f}")
+diffs = [bf16 - fp32 for _, bf16, fp32 in rows]
+print(f"paired difference (bf16 - float32): {statistics.fmean(diffs):+.4f} +- {statistics.stdev(diffs):.4f} nats "
+      f"over {len(diffs)} seeds ({sum(d < 0 for d in diffs)} of them lower with bf16)")
+PY
