@@ -811,7 +811,8 @@ def evaluate_runs(plan, runs_dir, options, env, publish):
     """eval.py on the checkpoint of every finished run of the plan not yet scored on options' tasks, one
     run at a time (eval.py batches its work itself), its output in run_dir/eval.log; a published run gets
     its scores published beside its log."""
-    tasks, limit = [t for t in options["eval_tasks"].split(",") if t], options["eval_limit"] or None
+    tasks = list(dict.fromkeys(t for t in options["eval_tasks"].split(",") if t))  # as eval.py records them
+    limit = options["eval_limit"] or None
     runs = [(n, s) for n, s in plan if finished(read_log(runs_dir / n / f"seed{s}"))]
     todo = [(n, s) for n, s in runs if not evaluated(runs_dir / n / f"seed{s}", tasks, limit)]
     if todo:

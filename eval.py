@@ -65,7 +65,7 @@ def parse_args(argv=None):
                    help="autocast dtype (weights stay float32); auto as in train.py")
     p.add_argument("--include_path", default=None, help="a folder of task YAMLs outside the harness")
     args = p.parse_args(argv)
-    args.tasks = [t for t in args.tasks.split(",") if t]
+    args.tasks = list(dict.fromkeys(t for t in args.tasks.split(",") if t))  # each once: the harness refuses repeats
     if not args.tasks:
         p.error("--tasks names no task: give one or more, e.g. --tasks=hellaswag,piqa")
     if args.limit is not None and args.limit <= 0:
@@ -106,7 +106,7 @@ class HarnessLM(TemplateLM):
 
     def __init__(self, model, tokenizer, device, dtype, batch_size):
         super().__init__()
-        self.model, self.tok, self.on = model, tokenizer, device  # (the harness's LM has a read-only .device)
+        self.model, self.tok, self._device = model, tokenizer, device  # the harness's LM reads ._device as .device
         self.ctx = autocast(device, dtype)
         self.batch_size = batch_size
         self.block_size = model.config.block_size
@@ -154,18 +154,19 @@ class HarnessLM(TemplateLM):
                 x[row, :len(inputs)] = torch.tensor(inputs)
                 y[row, :len(targets)] = torch.tensor(targets)
                 scored[row, len(targets) - n:len(targets)] = True
-            x, y, scored = x.to(self.on), y.to(self.on), scored.to(self.on)
+            x, y, scored = x.to(self.device), y.to(self.device), scored.to(self.device)
             with self.ctx:
                 logits, _ = self.model(x, targets=y)  # with targets, the logits of every position
             logp = logits[scored][:, :self.tok.vocab_size].float().log_softmax(dim=-1)  # [scored tokens, vocab]
             target = y[scored]
-            rows = scored.nonzero()[:, 0]
-            per_row = torch.zeros(len(batch), dtype=torch.float64, device=self.on)
-            row_logp = per_row.index_add(0, rows, logp.gather(1, target[:, None])[:, 0].double()).tolist()
-            row_misses = per_row.index_add(0, rows, (logp.argmax(dim=-1) != target).double()).tolist()
-            for (i, *_), lp, miss in zip(batch, row_logp, row_misses):
+            # per scored token: its log-prob, whether it is not the argmax, its row; one copy to the host per batch
+            token_logp, miss, rows = torch.stack([logp.gather(1, target[:, None])[:, 0], (logp.argmax(dim=-1) != target).float(),
+                                                 scored.nonzero()[:, 0].float()]).cpu()
+            row_logp = torch.zeros(len(batch), dtype=torch.float64).index_add_(0, rows.long(), token_logp.double()).tolist()
+            row_misses = torch.zeros(len(batch)).index_add_(0, rows.long(), miss).tolist()
+            for (i, *_), lp, n_missed in zip(batch, row_logp, row_misses):
                 logprob[i] += lp
-                misses[i] += int(miss)
+                misses[i] += int(n_missed)
         return [(lp, miss == 0) for lp, miss in zip(logprob, misses)]
 
     @torch.no_grad()
@@ -181,7 +182,7 @@ class HarnessLM(TemplateLM):
         ids = ids[-max(1, self.block_size - max_new):]
         new = []
         with self.ctx:
-            for token in self.model.generate_tokens(torch.tensor([ids], device=self.on), max_new,
+            for token in self.model.generate_tokens(torch.tensor([ids], device=self.device), max_new,
                                                     temperature=0, vocab_size=self.tok.vocab_size):
                 if token.item() == self.tok.eot:
                     break

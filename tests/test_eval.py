@@ -267,6 +267,16 @@ def test_folded_and_unfolded_dlr_score_the_same(tasks, tmp_path, capsys):
     assert (tmp_path / "folded.eval.json").exists() and (tmp_path / "ckpt.eval.json").exists()
 
 
+def test_the_example_task_runs_offline(tmp_path, capsys, monkeypatch):
+    """The README's command: docs/tasks/python_words, scored from the repository root with nothing downloaded."""
+    monkeypatch.chdir(REPO)  # the task's YAML names its data relative to where eval.py runs
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    code, out, err, record = run_main([f"--ckpt={ckpt}", "--tasks=python_words", "--include_path=docs/tasks", "--device=cpu"], capsys)
+    assert code == 0, err
+    assert "|python_words|" in out and record["harness"]["n-samples"]["python_words"]["effective"] == 8
+    assert set(record["scores"]) == {"python_words/acc", "python_words/acc_norm"}
+
+
 def test_init_from_gpt2(tasks, tmp_path, capsys, monkeypatch, gpt2_offline):
     """--init_from=gpt2 scores OpenAI's GPT-2 as train.py's init_from loads it (checkpoint.load_gpt2: a tiny
     stand-in here, no download), in GPT-2 tokens, and writes OUT_DIR/gpt2.eval.json."""
