@@ -9,7 +9,8 @@ A checkpoint is a dict saved with torch.save, with nanoGPT's keys:
 It holds plain data only (tensors, numbers, strings, None, lists, tuples, dicts), so it is read with
 torch.load(weights_only=True): a file that holds anything else is refused before any of it runs.
 
-OpenAI's GPT-2 weights (Hugging Face's model.safetensors) load the same way: load_gpt2.
+OpenAI's GPT-2 weights (Hugging Face's model.safetensors) load the same way: load_gpt2. sample.py and
+eval.py take either, with its tokenizer, from load_for_inference.
 """
 
 import os
@@ -22,6 +23,7 @@ import torch
 from common import write_atomic
 from download import download
 from model import GPT, GPTConfig
+from shards import get_tokenizer
 
 
 def save_checkpoint(obj, path):
@@ -169,3 +171,30 @@ def load_gpt2(name, cache_dir="cache", url=None):
     """(model_args, state_dict) of OpenAI's GPT-2 `name`, downloaded first if it is not in cache_dir
     (download_gpt2). Under torchrun, train.py downloads on one rank per node before any rank loads."""
     return gpt2_model_args(name), gpt2_state_dict(download_gpt2(name, cache_dir, url))
+
+
+# -----------------------------------------------------------------------------
+# a model to run, and the tokenizer its text is written in
+
+def load_for_inference(init_from, path=None, device="cpu", cache_dir="cache"):
+    """(model in eval mode on device, its tokenizer, the checkpoint dict or None for GPT-2): the checkpoint
+    at path when init_from is "resume", else OpenAI's GPT-2 `init_from` (downloaded once into cache_dir).
+    The tokenizer is the one the training data's meta.json named, stored in the checkpoint. Raises
+    FileNotFoundError, ValueError or download.DownloadError with a message that says what to do."""
+    if init_from == "resume":
+        model, ckpt = load_model(path, device, dropout=0.0)
+        meta = ckpt.get("dataset_meta") or {}
+        if "tokenizer" not in meta:
+            raise ValueError(f"{path} does not say which tokenizer its data used (no dataset_meta['tokenizer']); "
+                             "it was not written by train.py")
+        tokenizer = get_tokenizer(meta["tokenizer"])
+    else:
+        model_args, state = load_gpt2(init_from, cache_dir)
+        model = GPT(GPTConfig.from_dict(model_args))
+        load_state_into(model, state)
+        model.to(device)
+        ckpt, tokenizer = None, get_tokenizer("gpt2")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"the {tokenizer.name} tokenizer has {tokenizer.vocab_size} tokens, "
+                         f"more than the model's vocab_size={model.config.vocab_size}")
+    return model.eval(), tokenizer, ckpt

@@ -8,6 +8,7 @@ What the scripts share, so that each is written once:
     provenance(device)                 the commit, torch and chip a log records first
     sublayer_routes, routing_summary   a run's routing in a few numbers (train.py's log, compare.py's tables)
     run_settings, run_name             run names ('rd/res_blocks=4', 'dlr/rank=32') <-> settings
+    task_scores                        an lm-eval run's metrics by name (eval.py's results, compare.py's columns)
     resolve_device, resolve_dtype      the device and dtype a script runs on (cpu, cuda, cuda:N, mps), autocast
     bind_device, process_group_options the GPU a (torchrun) process takes, its process group; allow_tf32
     peak_flops                         the matmul peak MFU is measured against, the same in train.py and bench.py
@@ -148,6 +149,25 @@ def routing_summary(stats):
     if js:
         summary["mean_js"] = statistics.fmean(js)
     return summary
+
+
+# -----------------------------------------------------------------------------
+# downstream scores: what eval.py writes, compare.py tabulates and wandb receives
+
+def task_scores(results):
+    """{"task/metric": (value, higher_is_better)} from lm-evaluation-harness's results dict: every numeric
+    metric of every task and group, its filter named where it is not the harness's default "none"
+    ("gsm8k/exact_match,strict-match"); standard errors left out."""
+    scores = {}
+    for task, metrics in results["results"].items():
+        better = results.get("higher_is_better", {}).get(task, {})
+        for key, value in metrics.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or metric.endswith("_stderr") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue  # alias, sample_len, a stderr, "N/A"
+            name = f"{task}/{metric}" + (f",{filter_name}" if filter_name != "none" else "")
+            scores[name] = (value, better.get(metric, True))
+    return scores
 
 
 # -----------------------------------------------------------------------------

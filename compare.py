@@ -7,6 +7,7 @@ residual connections (or their linears), N paired seeds each, one table and a fe
     python compare.py config/train_shakespeare_char.py --runs=standard,delta/res_blocks=2 --max_iters=500
     python compare.py config/train_shakespeare_char.py --sweep=n_layer=4,8,16 --runs=depth --seeds=3 --jobs=2 \
         --publish=docs/compare/depth                                             # the depth study
+    python compare.py config/rd_fineweb_edu_120m.py --eval_tasks=hellaswag,arc_easy,piqa  # + downstream scores
 
 Options:
   --runs=R        a grid name from GRIDS (residual, lowrank, all, depth), or a comma list of run names
@@ -16,7 +17,12 @@ Options:
   --publish=DIR   copy results.md, results.json, the pictures and every finished run's log into DIR
                   (results.md links its pictures as files next to it, so its links work in DIR too);
                   a run whose published log has finished is taken from DIR, never trained again
-  --report=True   write the results from the runs finished so far, train nothing
+  --report=True   write the results from the runs finished so far, train and evaluate nothing
+  --eval_tasks=T,U  score every finished run with eval.py on these lm-evaluation-harness tasks (pip
+                  install lm-eval): each metric becomes a column, paired across seeds like val loss;
+                  --eval_limit=N scores only the first N examples of each task, --eval_include_path=DIR
+                  adds task YAMLs of your own. A run already scored on the same tasks and limit keeps its
+                  scores (run_dir/ckpt.eval.json; --publish copies it beside the run's log)
 Every other --key=value goes to train.py, for every run (python train.py --help lists them); all are
 read as train.py reads its own, so a wrong key or value stops the grid before it starts.
 
@@ -42,12 +48,13 @@ The train.py processes inherit the environment: on a CPU that other programs sha
 avoids torch threads waiting on each other, which slows small models several times over (docs/speed.md,
 "Measurements behind the code"); --jobs above 1 sets it when you have not.
 
-Output in <out_dir>/compare/: results.md, results.json, val_loss.png, routing_<run>.png (one per
-routed run) and max_weight_by_depth.png (one of each per value with --sweep), and with --sweep
-sweep_val_loss.png and sweep_max_weight.png.
+Output in <out_dir>/compare/: results.md (with --eval_tasks, a second table: the task scores),
+results.json, val_loss.png, routing_<run>.png (one per routed run) and max_weight_by_depth.png (one
+of each per value with --sweep), and with --sweep sweep_val_loss.png and sweep_max_weight.png.
 """
 
 import heapq
+import importlib.util
 import json
 import math
 import os
@@ -66,7 +73,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import configurator  # noqa: E402
-from common import die, hms, routing_summary, run_name, sublayer_routes  # noqa: E402
+from common import die, hms, routing_summary, run_name, sublayer_routes, task_scores  # noqa: E402
 from common import run_settings as common_run_settings  # noqa: E402
 
 REFERENCE = "standard"  # every run is compared with the standard (dense) run of the same seed
@@ -84,8 +91,10 @@ RUN_KEYS = ("residual", "res_blocks", "fixed_value_route", "lowrank_rank", "dlr"
             "wandb_run_name")  # set by each run, not on the command line
 PROBE_ITERS = 10  # iterations of the timing probe that makes the up-front estimate
 TRAIN = Path(__file__).resolve().parent / "train.py"
+EVAL = TRAIN.parent / "eval.py"
 TRAIN_DEFAULTS = configurator.script_defaults(TRAIN)  # every train.py key, with its default
-OPTIONS = dict(runs="residual", seeds=3, sweep="", jobs=1, publish="", report=False)  # compare.py's own keys
+OPTIONS = dict(runs="residual", seeds=3, sweep="", jobs=1, publish="", report=False,
+               eval_tasks="", eval_limit=0, eval_include_path="")  # compare.py's own keys
 
 
 # -----------------------------------------------------------------------------
@@ -186,14 +195,29 @@ def run_record(events):
                 curve=[(e["iter"], e["val_loss"]) for e in evals], routing=routing or None)
 
 
+def eval_file(run_dir):
+    """Where eval.py writes a run's scores: next to its checkpoint."""
+    return Path(run_dir) / "ckpt.eval.json"
+
+
+def read_scores(run_dir):
+    """The run's downstream scores, {"task/metric": (value, higher_is_better)}, from eval.py's file in
+    run_dir ({} where there is none)."""
+    try:
+        return task_scores(json.loads(eval_file(run_dir).read_text())["harness"])
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 def load_records(runs_dir, names, seeds):
-    """{name: {seed: record}} for every finished run of the grid."""
+    """{name: {seed: record}} for every finished run of the grid, with its downstream scores if it has some."""
     records = {}
     for name in names:
         for seed in seeds:
-            events = read_log(Path(runs_dir) / name / f"seed{seed}")
+            run_dir = Path(runs_dir) / name / f"seed{seed}"
+            events = read_log(run_dir)
             if finished(events):
-                records.setdefault(name, {})[seed] = run_record(events)
+                records.setdefault(name, {})[seed] = dict(run_record(events), scores=read_scores(run_dir))
     return records
 
 
@@ -208,16 +232,38 @@ def mean_std(values):
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def paired(run, ref):
-    """Paired comparison of two runs over the seeds both finished. run, ref: {seed: val_loss}.
-    Per seed: diff = run - ref (nats) and 100 (exp(diff) - 1), the perplexity change in percent;
-    then mean and std (ddof=1) over seeds, and wins = seeds where the run's val loss is lower."""
+def paired_diffs(run, ref, higher_is_better=False):
+    """Paired comparison of two runs over the seeds both finished. run, ref: {seed: value}. Per seed
+    diff = run - ref, then its mean and std (ddof=1) over seeds, and wins = seeds where the run is
+    better: lower, or higher for a score where higher is better."""
     seeds = sorted(set(run) & set(ref))
     diffs = [run[s] - ref[s] for s in seeds]
-    ppl = [100 * math.expm1(d) for d in diffs]
-    (d_mean, d_std), (p_mean, p_std) = mean_std(diffs), mean_std(ppl)
-    return dict(seeds=seeds, n=len(seeds), diff_nats=diffs, diff_nats_mean=d_mean, diff_nats_std=d_std,
-                ppl_pct=ppl, ppl_pct_mean=p_mean, ppl_pct_std=p_std, wins=sum(d < 0 for d in diffs))
+    mean, std = mean_std(diffs)
+    return dict(seeds=seeds, n=len(seeds), diff=diffs, diff_mean=mean, diff_std=std,
+                wins=sum(d > 0 if higher_is_better else d < 0 for d in diffs))
+
+
+def paired(run, ref):
+    """paired_diffs of two runs' val losses ({seed: val_loss}), in nats, and per seed 100 (exp(diff) - 1),
+    the perplexity change in percent, with its mean and std over seeds."""
+    p = paired_diffs(run, ref)
+    ppl = [100 * math.expm1(d) for d in p["diff"]]
+    p_mean, p_std = mean_std(ppl)
+    return dict(seeds=p["seeds"], n=p["n"], diff_nats=p["diff"], diff_nats_mean=p["diff_mean"], diff_nats_std=p["diff_std"],
+                ppl_pct=ppl, ppl_pct_mean=p_mean, ppl_pct_std=p_std, wins=p["wins"])
+
+
+def aggregate_scores(records, name, refs):
+    """A run's downstream scores: per task metric its value per seed, mean and std over seeds, whether
+    higher is better (the harness says), and its paired comparisons with refs, the run's references."""
+    def values(run, metric):
+        return {s: r["scores"][metric][0] for s, r in records.get(run, {}).items() if metric in r["scores"]}
+    out = {}
+    for metric, (_, higher) in {m: v for r in records.get(name, {}).values() for m, v in r["scores"].items()}.items():
+        mean, std = mean_std(values(name, metric).values())
+        out[metric] = dict(value=values(name, metric), mean=mean, std=std, higher_is_better=higher,
+                           paired={ref: paired_diffs(values(name, metric), values(ref, metric), higher) for ref in refs})
+    return out
 
 
 def mean_routing(routings):
@@ -253,7 +299,8 @@ def aggregate(records, names):
                          commits=sorted({r["commit"] for r in recs.values() if r.get("commit")}),
                          paired={ref: paired(val, {s: r["val_loss"] for s, r in records.get(ref, {}).items()})
                                  for ref in references(name, names)},
-                         routing=mean_routing([r["routing"] for r in recs.values()]))
+                         routing=mean_routing([r["routing"] for r in recs.values()]),
+                         scores=aggregate_scores(records, name, references(name, names)))
     return out
 
 
@@ -293,6 +340,28 @@ def table(results):
                 pm(p["diff_nats_mean"], p["diff_nats_std"], sign=True),
                 pm(p["ppl_pct_mean"], p["ppl_pct_std"], 2, sign=True, unit="%"), f"{p['wins']}/{p['n']}"]
             lines.append("| " + " | ".join([name, ref, cells[0], *diff, *cells[1:]]) + " |")
+    return "\n".join(lines)
+
+
+def score_table(results):
+    """The downstream scores in markdown, rows as in table(): per task metric (↑: higher is better, ↓:
+    lower) the run's mean ± std over seeds, and the paired Δ to the row's reference with its wins. ""
+    when no run has scores."""
+    runs = results["runs"]
+    metrics = {m: s["higher_is_better"] for r in runs.values() for m, s in r.get("scores", {}).items()}
+    if not metrics:
+        return ""
+    head = ["run", "vs"] + [cell for m, higher in metrics.items() for cell in (f"{m} {'↑' if higher else '↓'}", "Δ (wins)")]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, r in runs.items():
+        for i, ref in enumerate(list(r["paired"]) or [""]):  # the references of the val loss table
+            cells = [name, ref]
+            for metric in metrics:
+                s = r["scores"].get(metric)
+                p = s["paired"].get(ref) if s else None
+                cells += ["" if not s or i else pm(s["mean"], s["std"]),
+                          "" if not p or not p["n"] else f"{pm(p['diff_mean'], p['diff_std'], sign=True)} ({p['wins']}/{p['n']})"]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -344,6 +413,11 @@ def markdown(results):
     if any((r["routing"] or {}).get("mean_js") is not None for r in results["runs"].values()):
         note += "JS: mean Jensen-Shannon divergence (nats) between rd's QK and V routes. "
     lines += ["", note + "s/run: train.py's time for one run (evals included).", ""]
+    scores = score_table(results)
+    if scores:
+        lines += ["Downstream tasks (eval.py, lm-evaluation-harness) on each run's checkpoint:", "", scores, "",
+                  "Each score: mean ± std over seeds; Δ: paired, per seed run − reference, mean ± std; wins: seeds "
+                  "where the run scores better (↑ higher, ↓ lower).", ""]
     for key, title in (("val_loss", "val loss of every run, mean over seeds"),
                        ("max_weight_by_depth", "max routing weight by depth, attnres vs delta")):
         lines += [f"![{title}{' at ' + pt if pt else ''}]({file})" for pt, file in figures.get(key, {}).items()]
@@ -617,6 +691,10 @@ def parse_args(argv):
     for key in ("seeds", "jobs"):
         if options[key] < 1:
             raise ValueError(f"--{key}={options[key]}: use a positive integer")
+    if options["eval_limit"] < 0:
+        raise ValueError(f"--eval_limit={options['eval_limit']}: use a positive number of examples, or 0 for all")
+    if options["eval_tasks"] and importlib.util.find_spec("lm_eval") is None:  # before any training, not after it
+        raise ValueError("--eval_tasks scores the runs with lm-evaluation-harness, which is not installed: pip install lm-eval")
     if options["sweep"]:
         key, sep, values = options["sweep"].partition("=")
         values = [v for v in values.split(",") if v]
@@ -685,9 +763,9 @@ def launch(cmd, run_dir, env):
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def failure(cmd, run_dir, rc):
-    tail = (run_dir / "train.log").read_text().splitlines()[-15:]
-    return RuntimeError(f"train.py failed (exit code {rc}); the end of {run_dir / 'train.log'}:\n  " + "\n  ".join(tail)
+def failure(cmd, run_dir, rc, log="train.log"):
+    tail = (run_dir / log).read_text().splitlines()[-15:]
+    return RuntimeError(f"{Path(cmd[1]).name} failed (exit code {rc}); the end of {run_dir / log}:\n  " + "\n  ".join(tail)
                         + f"\ncommand: {' '.join(cmd)}")
 
 
@@ -734,6 +812,45 @@ def estimate_run_s(config, name, passthrough, env):
     max_iters, eval_interval, eval_iters = (settings[k] for k in ("max_iters", "eval_interval", "eval_iters"))
     eval_steps = (max_iters // eval_interval + 1) * 2 * eval_iters / 3
     return max(wall - PROBE_ITERS * step_s, 0) + (max_iters + eval_steps) * step_s
+
+
+def evaluated(run_dir, tasks, limit):
+    """Whether the run holds eval.py's scores for exactly these tasks and limit (None: all examples)."""
+    try:
+        record = json.loads(eval_file(run_dir).read_text())
+    except (OSError, ValueError):
+        return False
+    return record.get("tasks") == tasks and record.get("limit") == limit
+
+
+def evaluate_runs(plan, runs_dir, options, env, publish):
+    """eval.py on the checkpoint of every finished run of the plan not yet scored on options' tasks, one
+    run at a time (eval.py batches its work itself), its output in run_dir/eval.log; a published run gets
+    its scores published beside its log."""
+    tasks = list(dict.fromkeys(t for t in options["eval_tasks"].split(",") if t))  # as eval.py records them
+    limit = options["eval_limit"] or None
+    runs = [(n, s) for n, s in plan if finished(read_log(runs_dir / n / f"seed{s}"))]
+    todo = [(n, s) for n, s in runs if not evaluated(runs_dir / n / f"seed{s}", tasks, limit)]
+    if todo:
+        print(f"scoring {len(todo)} runs on {', '.join(tasks)} with eval.py ({len(runs) - len(todo)} scored before)", flush=True)
+    for k, (name, seed) in enumerate(todo, 1):
+        run_dir = runs_dir / name / f"seed{seed}"
+        if not (run_dir / "ckpt.pt").exists():
+            raise RuntimeError(f"{run_dir} has no ckpt.pt to score (a run taken from --publish brings only its log and "
+                               "scores): drop --eval_tasks, or delete the run folder to train it here")
+        cmd = [sys.executable, str(EVAL), f"--ckpt={run_dir / 'ckpt.pt'}", f"--tasks={','.join(tasks)}",
+               *([f"--limit={limit}"] if limit else []),
+               *([f"--include_path={options['eval_include_path']}"] if options["eval_include_path"] else [])]
+        with open(run_dir / "eval.log", "w") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        if rc != 0:
+            raise failure(cmd, run_dir, rc, "eval.log")
+        if publish:
+            dest = Path(publish) / "runs" / name / f"seed{seed}"
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(eval_file(run_dir), dest / eval_file(run_dir).name)
+        scores = ", ".join(f"{m} {v:.4f}" for m, (v, _) in read_scores(run_dir).items())
+        print(f"[eval {k}/{len(todo)}] {name} seed{seed}: {scores}", flush=True)
 
 
 def machine(env, jobs):
@@ -839,6 +956,8 @@ def main(argv):
             print(f"[{n_done}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)
     if errors:
         raise errors[0]
+    if options["eval_tasks"] and not options["report"]:
+        evaluate_runs(plan, runs_dir, options, env, publish)
 
     records = load_records(runs_dir, names, seeds)
     command = "python compare.py " + " ".join(a for a in argv if not a.startswith("--report="))  # the command that trains them
@@ -847,6 +966,8 @@ def main(argv):
                             dict(command=command, machine=machine(env, jobs), max_iters=max_iters), publish)
     print(f"wrote {compare_dir / 'results.md'}" + (f" and {publish}/" if publish else ""))
     print(table(results))
+    if score_table(results):
+        print("\n" + score_table(results))
     return results
 
 

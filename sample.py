@@ -21,11 +21,9 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import GPT2_CONFIGS, load_gpt2, load_model, load_state_into
+from checkpoint import GPT2_CONFIGS, load_for_inference
 from common import DTYPES, autocast, boolean, die, resolve_device_and_dtype
 from download import DownloadError
-from model import GPT, GPTConfig
-from shards import get_tokenizer
 
 
 def parse_args(argv=None):
@@ -56,28 +54,6 @@ def parse_args(argv=None):
     except ValueError as e:
         p.error(str(e))
     return args
-
-
-def load(args):
-    """(model, tokenizer) for args.init_from, with clear errors for what a user can fix."""
-    if args.init_from == "resume":
-        path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
-        model, ckpt = load_model(path, args.device, dropout=0.0)
-        meta = ckpt.get("dataset_meta") or {}
-        if "tokenizer" not in meta:
-            raise ValueError(f"{path} does not say which tokenizer its data used (no dataset_meta['tokenizer']); "
-                             "it was not written by train.py")
-        tokenizer = get_tokenizer(meta["tokenizer"])
-    else:
-        model_args, state = load_gpt2(args.init_from, args.cache_dir)
-        model = GPT(GPTConfig.from_dict(model_args))
-        load_state_into(model, state)
-        model.to(args.device)
-        tokenizer = get_tokenizer("gpt2")
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"the {tokenizer.name} tokenizer has {tokenizer.vocab_size} tokens, "
-                         f"more than the model's vocab_size={model.config.vocab_size}")
-    return model.eval(), tokenizer
 
 
 def read_prompt(start, tokenizer, block_size):
@@ -145,7 +121,8 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     try:
-        model, tokenizer = load(args)
+        path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+        model, tokenizer, _ = load_for_inference(args.init_from, path, args.device, args.cache_dir)
         ids = read_prompt(args.start, tokenizer, model.config.block_size)
     except (FileNotFoundError, ValueError, DownloadError) as e:  # a missing checkpoint, an unknown tokenizer, ...
         die(e)

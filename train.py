@@ -476,6 +476,7 @@ while True:
                     "rng": rngs,  # per rank: torch (dropout), python, cuda
                     "data_rng": data_rng.bit_generator.state,  # the data position: the next windows to draw
                     "log_bytes": log_bytes,
+                    "wandb_run_id": wandb_run.id if wandb_run is not None else None,  # eval.py adds its scores there
                 }, ckpt_path)
                 print(f"saved {ckpt_path}")
             saved_iter = iter_num

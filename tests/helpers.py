@@ -1,5 +1,7 @@
 """Small helpers shared by the test files."""
 
+import json
+
 import torch
 
 from model import GPTConfig
@@ -32,3 +34,42 @@ def randomise_queries(model, seed=1, scale=2.0):
         if "res_query" in name:
             p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return model
+
+
+# lm-evaluation-harness tasks in its custom-task format (a YAML over a JSONL file, found with --include_path),
+# one per kind of request; texts, contexts and prompts longer than a tiny model's block_size=32 bytes among them
+DOCS = {
+    "tiny_choice": [
+        {"question": "The capital of France is", "choices": ["Paris", "a fish", "blue"], "answer": 0},
+        {"question": "Water freezes at zero degrees Celsius, and it boils at one hundred degrees", "choices":
+         ["Celsius.", "Fahrenheit, on Mars, in a vacuum, on Tuesdays.", "loudly"], "answer": 0},
+        {"question": "2 + 2 =", "choices": ["4", "5", "22"], "answer": 0},
+        {"question": "def f(x):\n    return x * 2\n\nprint(f(21)) prints", "choices": ["42", "21", "x"], "answer": 0},
+    ],
+    "tiny_rolling": [{"text": "Hello, world."},
+                     {"text": "The quick brown fox jumps over the lazy dog. " * 3},
+                     {"text": "Python's documentation is the corpus these tiny models learn from."}],
+    "tiny_gen": [{"prompt": "Q: 1 + 1\nA:", "answer": " 2"},
+                 {"prompt": "A long prompt, longer than the block size of the tiny model: Q: say hi\nA:", "answer": " hi"}],
+}
+TASK_YAML = {
+    "tiny_choice": 'output_type: multiple_choice\ndoc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\n'
+                   'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n',
+    "tiny_rolling": 'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n'
+                    '  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n',
+    "tiny_gen": 'output_type: generate_until\ndoc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
+                'generation_kwargs:\n  until: ["\\n", "."]\n  max_gen_toks: 8\nmetric_list:\n  - metric: exact_match\n',
+}
+
+
+def write_tasks(folder):
+    """DOCS as harness tasks in folder (read offline: the datasets library's json loader), and tiny_hub,
+    a task whose dataset is on the Hugging Face hub, for the no-network error. Returns folder."""
+    for name, docs in DOCS.items():
+        data = folder / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        (folder / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+                                             f"    test: {data}\ntest_split: test\n" + TASK_YAML[name])
+    (folder / "tiny_hub.yaml").write_text("task: tiny_hub\ndataset_path: nanoattnres-test/not-here\ntest_split: test\n"
+                                          + TASK_YAML["tiny_choice"])
+    return folder

@@ -262,6 +262,44 @@ def test_partial_grid_reports_what_exists(tmp_path):
     assert r["attnres/res_blocks=0"]["paired"]["standard"]["diff_nats_std"] is None
 
 
+def write_scores(run_dir, scores, tasks=("tiny_choice",), limit=None):
+    """ckpt.eval.json as eval.py writes it: the harness's results dict, {"task/metric": value} given."""
+    results, better = {}, {}
+    for name, value in scores.items():
+        task, metric = name.split("/")
+        results.setdefault(task, {"alias": task})[f"{metric},none"] = value
+        results[task][f"{metric}_stderr,none"] = 0.01
+        better.setdefault(task, {})[metric] = metric != "word_perplexity"
+    record = dict(tasks=list(tasks), limit=limit, harness=dict(results=results, higher_is_better=better))
+    (run_dir / "ckpt.eval.json").write_text(json.dumps(record))
+
+
+def test_task_scores_are_paired_like_val_loss(tmp_path):
+    """Each run's eval.py scores become columns: mean ± std over seeds, and per reference the paired
+    difference and the wins, a win being a higher accuracy but a lower perplexity."""
+    runs = tmp_path / "compare" / "runs"
+    names = ["standard", "rd/res_blocks=0"]
+    acc = {"standard": [0.25, 0.30, 0.28], "rd/res_blocks=0": [0.27, 0.29, 0.31]}
+    ppl = {"standard": [50.0, 40.0, 45.0], "rd/res_blocks=0": [48.0, 41.0, 44.0]}
+    for name in names:
+        for seed in range(3):
+            write_log(runs / name / f"seed{seed}", [3.0, 2.0])
+            write_scores(runs / name / f"seed{seed}", {"tiny_choice/acc": acc[name][seed],
+                                                       "tiny_rolling/word_perplexity": ppl[name][seed]})
+    results = compare.write_results(tmp_path / "compare", compare.load_records(runs, names, range(3)), names, range(3),
+                                    dict(command="python compare.py test", machine="test", max_iters=10))
+    rd = results["runs"]["rd/res_blocks=0"]["scores"]
+    assert rd["tiny_choice/acc"]["mean"] == pytest.approx(0.29) and rd["tiny_choice/acc"]["higher_is_better"]
+    p = rd["tiny_choice/acc"]["paired"]["standard"]
+    assert p["diff"] == pytest.approx([0.02, -0.01, 0.03]) and p["wins"] == 2
+    q = rd["tiny_rolling/word_perplexity"]["paired"]["standard"]
+    assert q["diff"] == pytest.approx([-2.0, 1.0, -1.0]) and q["wins"] == 2
+    assert results["runs"]["standard"]["scores"]["tiny_choice/acc"]["paired"] == {}
+    md = (tmp_path / "compare" / "results.md").read_text()
+    assert "| run | vs | tiny_choice/acc ↑ | Δ (wins) | tiny_rolling/word_perplexity ↓ | Δ (wins) |" in md
+    assert "| rd/res_blocks=0 | standard | 0.2900 ± 0.0200 | +0.0133 ± 0.0208 (2/3) | 44.3333 ± 3.5119 | -0.6667 ± 1.5275 (2/3) |" in md
+
+
 # -----------------------------------------------------------------------------
 # the paired protocol: same seed, same backbone, same batches
 
@@ -305,6 +343,38 @@ def test_finished_runs_are_not_rerun(tmp_path, capsys):
     (runs / "standard" / "seed0" / "train_args.json").write_text(json.dumps(["--max_iters=1"]) + "\n")
     with pytest.raises(ValueError, match="finished with other train.py arguments"):
         compare.main([f"--out_dir={tmp_path}", "--seeds=2", "--runs=delta"])
+
+
+def test_eval_tasks_score_every_finished_run(tmp_path, capsys, monkeypatch):
+    """--eval_tasks runs eval.py on each finished run's checkpoint (here with a local task), its scores
+    become the runs' columns and are published beside their logs; a rerun scores nothing again."""
+    pytest.importorskip("lm_eval", reason="--eval_tasks runs lm-evaluation-harness: pip install lm-eval")
+    from checkpoint import model_args, save_checkpoint
+    from helpers import write_tasks
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+    runs = tmp_path / "compare" / "runs"
+    for name, residual in (("standard", "standard"), ("delta/res_blocks=0", "delta")):
+        torch.manual_seed(0)
+        model = randomise_queries(GPT(tiny_config(residual=residual, vocab_size=256, block_size=32)))
+        write_log(runs / name / "seed0", [3.0, 2.0])
+        save_checkpoint({"model": model.state_dict(), "model_args": model_args(model), "config": {},
+                         "dataset_meta": {"tokenizer": "bytes"}}, runs / name / "seed0" / "ckpt.pt")
+    argv = [f"--out_dir={tmp_path}", "--seeds=1", "--runs=delta", "--eval_tasks=tiny_choice", "--eval_limit=3",
+            f"--eval_include_path={write_tasks(tmp_path)}", f"--publish={tmp_path / 'published'}"]
+    results = compare.main(argv)
+    out = capsys.readouterr().out
+    assert "scoring 2 runs on tiny_choice" in out and "[eval 2/2] delta/res_blocks=0 seed0: tiny_choice/acc" in out
+    for name in ("standard", "delta/res_blocks=0"):
+        record = json.loads((runs / name / "seed0" / "ckpt.eval.json").read_text())
+        assert record["limit"] == 3 and record["harness"]["n-samples"]["tiny_choice"]["effective"] == 3
+        assert results["runs"][name]["scores"]["tiny_choice/acc"]["value"] == {0: record["scores"]["tiny_choice/acc"]}
+        assert (tmp_path / "published" / "runs" / name / "seed0" / "ckpt.eval.json").exists()
+    p = results["runs"]["delta/res_blocks=0"]["scores"]["tiny_choice/acc_norm"]["paired"]["standard"]
+    assert p["n"] == 1 and "tiny_choice/acc_norm ↑" in (tmp_path / "compare" / "results.md").read_text()
+    logs = {p: p.stat().st_mtime_ns for p in runs.rglob("eval.log")}
+    compare.main(argv)
+    assert "scoring" not in capsys.readouterr().out and {p: p.stat().st_mtime_ns for p in logs} == logs
 
 
 # -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
 import fold
 import sample
 from checkpoint import load_checkpoint, load_model, model_args, save_checkpoint
@@ -264,7 +265,7 @@ def test_init_from_gpt2_decodes_with_gpt2(capsys, monkeypatch, gpt2_offline):
     """--init_from=gpt2 loads checkpoint.load_gpt2's weights (a tiny stand-in here: no download)."""
     model = tiny_model(vocab_size=50257)
     calls = []
-    monkeypatch.setattr(sample, "load_gpt2", lambda *args: calls.append(args) or (model_args(model), model.state_dict()))
+    monkeypatch.setattr(checkpoint, "load_gpt2", lambda *args: calls.append(args) or (model_args(model), model.state_dict()))
     code, out, _ = run(sample, ["--init_from=gpt2", "--start=Hello, world", "--temperature=0",
                                 "--num_samples=1", "--max_new_tokens=8"], capsys)
     assert code == 0 and calls == [("gpt2", "cache")]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import configurator
-from checkpoint import save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from model import GPT, GPTConfig
 from shards import write_meta, write_shard
 
@@ -273,7 +273,8 @@ def test_progress_line_shows_elapsed_time_and_eta(data, tmp_path):
 
 def test_wandb_logs_what_the_log_logs(data, tmp_path):
     """wandb_log=True, offline: the wandb run holds the numbers of log.jsonl's train and eval lines (the
-    routing summary as routing/<key>) under the given project, name and group."""
+    routing summary as routing/<key>) under the given project, name and group; the checkpoint records the
+    run's id (eval.py adds its scores to that run)."""
     pytest.importorskip("wandb")
     out = tmp_path / "out"
     train(*TINY, f"--dataset={data}", f"--out_dir={out}", "--residual=rd", "--max_iters=4", "--eval_interval=2",
@@ -286,6 +287,8 @@ def test_wandb_logs_what_the_log_logs(data, tmp_path):
         assert text.encode() in record, text
     for number in (events(out, "eval")[-1]["val_loss"], events(out, "train")[-1]["loss"]):
         assert json.dumps(number).encode() in record
+    run_id = load_checkpoint(out / "ckpt.pt")["wandb_run_id"]
+    assert run.name == f"run-{run_id}.wandb"
 
 
 def test_wandb_missing_is_a_one_line_error(data, tmp_path):

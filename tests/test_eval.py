@@ -1,0 +1,335 @@
+"""
+eval.py: a checkpoint scored by lm-evaluation-harness through HarnessLM, offline.
+
+The tasks are the harness's own custom-task format (a YAML per task over a JSONL file, found with
+--include_path), written here into a temporary folder: nothing is downloaded. The models are tiny, with
+random LayerNorms, biases and pseudo-queries, so that a misplaced position, window or route shows.
+
+Tolerance. The reference scores run one sequence per forward; HarnessLM runs windows in padded batches.
+Other batch shapes make float32 matmuls sum in another order, which moves each token's log-prob by
+float32 rounding (~1e-7 relative); a score sums up to 75 of them, up to ~180 nats here, so it may move
+by ~1e-5. Measured: at most 1.8e-5 over these requests, every model and batch sizes 1 to 64. We allow
+1e-4 absolute. The same window in the same batch is bitwise the same, and is tested so.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval", reason="eval.py runs lm-evaluation-harness: pip install lm-eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
+
+import eval as evaluate  # noqa: E402  (as `evaluate`: `eval` is a builtin)
+import fold  # noqa: E402
+from checkpoint import model_args, save_checkpoint  # noqa: E402
+from helpers import DOCS, perturb_norms_and_biases, randomise_queries, write_tasks  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from shards import get_tokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+MODELS = {"standard": dict(residual="standard"), "rd": dict(residual="rd"),
+          "folded_dlr": dict(residual="delta", lowrank_rank=8, dlr=True, dlr_alpha=1.3)}
+TOL = 1e-4  # see the module docstring
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    """The local tasks of helpers.write_tasks, in a folder for --include_path."""
+    return write_tasks(tmp_path_factory.mktemp("tasks"))
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path, monkeypatch):
+    """The datasets library's cache in tmp_path: the tests leave nothing in the user's."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+
+
+def tiny_model(kind, seed=0, **overrides):
+    """A tiny GPT with non-trivial weights; folded_dlr is a DLR model with its DLR folded into B."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**TINY, **MODELS[kind], **overrides}))
+    model = randomise_queries(perturb_norms_and_biases(model), seed=seed).eval()
+    if kind == "folded_dlr":
+        model.fold_dlr()
+    return model
+
+
+def write_ckpt(path, model, tokenizer="bytes", **extra):
+    save_checkpoint({"model": model.state_dict(), "model_args": model_args(model), "iter_num": 5,
+                     "config": {}, "dataset_meta": {"tokenizer": tokenizer}, **extra}, path)
+    return path
+
+
+def harness_lm(model, tokenizer="bytes", batch_size=4):
+    return evaluate.HarnessLM(model, get_tokenizer(tokenizer), "cpu", "float32", batch_size)
+
+
+@torch.no_grad()
+def direct(model, context, continuation, vocab=256):
+    """log p(continuation | context) and whether it is the greedy one, from GPT.forward on one sequence:
+    context and continuation as one input, its beginning cut so that it fits the model. A continuation
+    longer than block_size goes in block_size pieces, each after all that precedes it."""
+    block_size = model.config.block_size
+    if len(continuation) > block_size:
+        head = direct(model, context, continuation[:block_size], vocab)
+        rest = direct(model, context + continuation[:block_size], continuation[block_size:], vocab)
+        return head[0] + rest[0], head[1] and rest[1]
+    tokens = (context + continuation)[-(block_size + 1):]
+    logits, _ = model(torch.tensor([tokens[:-1]]), targets=torch.tensor([tokens[1:]]))
+    logp = logits[0, -len(continuation):, :vocab].log_softmax(dim=-1)
+    target = torch.tensor(continuation)
+    return logp.gather(1, target[:, None]).sum().item(), bool((logp.argmax(dim=-1) == target).all())
+
+
+def direct_rolling(model, tokens, prefix, vocab=256):
+    """log p(text) over the harness's own rolling windows (as its Hugging Face models make them)."""
+    windows = map(make_disjoint_window, get_rolling_token_windows(tokens, prefix, model.config.block_size, 1))
+    return sum(direct(model, context, piece, vocab)[0] for context, piece in windows)
+
+
+def requests(seed=0, n=12):
+    """(context, continuation) token pairs of mixed lengths: contexts from 1 to 3 x block_size tokens."""
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda high: int(torch.randint(1, high, (1,), generator=g))
+    tokens = lambda k: torch.randint(0, 256, (k,), generator=g).tolist()
+    lengths = [(1, 1), (5, 3), (31, 1), (32, 32), (40, 6), (96, 10)] + [(draw(70), draw(20)) for _ in range(n - 6)]
+    return [(tokens(c), tokens(k)) for c, k in lengths]
+
+
+def run_main(argv, capsys):
+    """(exit code, stdout, stderr, eval.py's record) of eval.main(argv)."""
+    try:
+        record, code = evaluate.main([str(a) for a in argv]), 0
+    except SystemExit as e:
+        record, code = None, e.code
+    out, err = capsys.readouterr()
+    return code, out, err, record
+
+
+# -----------------------------------------------------------------------------
+# the wrapper's scores are the model's
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_loglikelihoods_equal_a_direct_forward(kind):
+    """For a standard, a routed (rd, random pseudo-queries) and a folded-DLR model, HarnessLM's
+    log-likelihoods and greedy flags are GPT.forward's, contexts longer than block_size included."""
+    model = tiny_model(kind)
+    pairs = requests()
+    scores = harness_lm(model).score(pairs)
+    for (context, continuation), (logprob, greedy) in zip(pairs, scores):
+        want, want_greedy = direct(model, context, continuation)
+        assert logprob == pytest.approx(want, abs=TOL) and greedy == want_greedy
+    # a greedy continuation is one: the model's own argmax tokens
+    context, continuation = [1, 2, 3], []
+    for _ in range(4):
+        logits, _ = model(torch.tensor([context + continuation]))
+        continuation.append(logits[0, -1].argmax().item())
+    assert harness_lm(model).score([(context, continuation)])[0][1] is True
+
+
+@pytest.mark.parametrize("kind", ["standard", "rd"])
+def test_rolling_loglikelihood_is_the_harness_windows(kind):
+    """loglikelihood_rolling of a text (from requests as the harness sends them) equals the sum of
+    GPT.forward's log-probs over the harness's own rolling block_size windows, for texts from 1 to 3.5 windows."""
+    model = tiny_model(kind)
+    texts = ["a", "Hello, world.", "x" * 32, "The quick brown fox jumps over the lazy dog. " * 2 + "!" * 23]
+    lm = harness_lm(model)
+    got = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)],
+                                   disable_tqdm=True)
+    for text, logprob in zip(texts, got):
+        assert logprob == pytest.approx(direct_rolling(model, list(text.encode()), evaluate.NEWLINE), abs=TOL)
+
+
+def test_text_requests_with_the_gpt2_tokenizer(gpt2_offline):
+    """Text requests through the harness's own tokenization (TemplateLM: context and continuation encoded
+    together, the context's trailing space moved to the continuation; an empty context reads <|endoftext|>)
+    score as GPT.forward does on the same GPT-2 tokens."""
+    tok = get_tokenizer("gpt2")
+    model = tiny_model("rd", vocab_size=50304)
+    pairs = [("The capital of France is", " Paris"), ("Question: what is 2 + 2? Answer: ", "4"), ("", "Hello"),
+             (" ".join(["word"] * 40), " end")]  # 40 words: more than block_size=32 tokens of context
+    got = harness_lm(model, "gpt2").loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)],
+                                                  disable_tqdm=True)
+    for (context, continuation), (logprob, greedy) in zip(pairs, got):
+        if context:
+            context, continuation = context.rstrip(" "), context[len(context.rstrip(" ")):] + continuation
+            whole, head = tok.encode(context + continuation), tok.encode(context)
+            ids = (head, whole[len(head):])
+        else:
+            ids = ([tok.eot], tok.encode(continuation))
+        assert (logprob, greedy) == pytest.approx(direct(model, *ids, vocab=tok.vocab_size), abs=TOL)
+
+
+def test_batching_and_sorting_change_no_score():
+    """The same requests in batches of 1, 3 and 64, and in reverse order: the same scores, each in its
+    request's place."""
+    model = tiny_model("rd")
+    pairs = requests(seed=1, n=20)
+    one = harness_lm(model, batch_size=1).score(pairs)
+    for batch_size in (3, 64):
+        assert harness_lm(model, batch_size=batch_size).score(pairs) == pytest.approx(one, abs=TOL)
+    assert harness_lm(model, batch_size=3).score(pairs[::-1]) == pytest.approx(one[::-1], abs=TOL)
+
+
+def test_long_contexts_lose_their_beginning_and_long_continuations_go_in_pieces():
+    """A context longer than block_size scores as its last tokens alone (the ones that fit beside the
+    continuation); a continuation longer than block_size scores as its block_size pieces, each after what
+    precedes it, cut the same way."""
+    model = tiny_model("rd")
+    lm = harness_lm(model, batch_size=1)
+    g = torch.Generator().manual_seed(2)
+    context, continuation = torch.randint(0, 256, (100,), generator=g).tolist(), torch.randint(0, 256, (5,), generator=g).tolist()
+    fits = context[-(32 + 1 - 5):]
+    assert lm.score([(context, continuation)]) == lm.score([(fits, continuation)])  # bitwise: the same forward
+    assert lm.score([(context, continuation)])[0][0] != lm.score([(context[-10:], continuation)])[0][0]
+    long = torch.randint(0, 256, (75,), generator=g).tolist()  # 32 + 32 + 11 tokens
+    assert lm.score([(context, long)])[0][0] == pytest.approx(direct(model, context, long)[0], abs=TOL)
+    # the layout: context [1], continuation 2..69 -> pieces 2..33, 34..65, 66..69, each after the tokens before it
+    assert evaluate.score_windows([1], list(range(2, 70)), 32) == [
+        (list(range(1, 33)), list(range(2, 34)), 32), (list(range(33, 65)), list(range(34, 66)), 32),
+        (list(range(37, 69)), list(range(38, 70)), 4)]
+
+
+def test_generation_is_greedy_with_the_cache_and_stops():
+    """generate_until: the model's greedy tokens (as generate without the key-value cache makes them),
+    cut at the first stop sequence; at most max_gen_toks tokens; a long prompt keeps its end."""
+    model = tiny_model("rd")
+    lm = harness_lm(model)
+    prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
+    kept = list(prompt.encode())[-(32 - 12):]  # room for the 12 new tokens in the window
+    ref = model.generate(torch.tensor([kept]), 12, temperature=0, use_cache=False)[0, len(kept):].tolist()
+    text = bytes(ref).decode("utf-8", errors="replace")
+    assert lm.generate(prompt, {"max_gen_toks": 12}) == text
+    stop = text[5:7]
+    got = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": [stop, "never"], "max_gen_toks": 12}), 0)],
+                            disable_tqdm=True)
+    assert got == [text[:text.index(stop)]]
+
+
+# -----------------------------------------------------------------------------
+# eval.py end to end
+
+def test_local_tasks_end_to_end(tasks, tmp_path):
+    """python eval.py on a checkpoint whose training logged to wandb, with three local tasks (one per kind
+    of request): the harness's table, the JSON next to the checkpoint, numbers that come from GPT.forward
+    (accuracy from direct scores of the choices, bits per byte from direct rolling log-likelihoods), and
+    the scores in the training's own wandb run (offline here), found by the id train.py stored."""
+    model = tiny_model("rd")
+    config = dict(wandb_log=True, wandb_project="eval-test", wandb_run_name="rd-seed7", wandb_group="g", out_dir=str(tmp_path))
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", model, config=config, wandb_run_id="evaltest7")
+    result = subprocess.run([sys.executable, str(REPO / "eval.py"), f"--ckpt={ckpt}", "--tasks=tiny_choice,tiny_rolling,tiny_gen",
+                             f"--include_path={tasks}", "--batch_size=3", "--device=cpu"], capture_output=True, text=True,
+                            env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "|tiny_choice |" in result.stdout and "|bits_per_byte  |" in result.stdout
+    assert f"wrote {tmp_path / 'ckpt.eval.json'}" in result.stdout
+    record = json.loads((tmp_path / "ckpt.eval.json").read_text())
+    assert record["checkpoint"] == str(ckpt) and record["tasks"] == ["tiny_choice", "tiny_rolling", "tiny_gen"]
+    assert record["model_args"]["residual"] == "rd" and record["commit"] and record["harness"]["n-samples"]["tiny_gen"]["effective"] == 2
+    scores = record["scores"]
+    assert set(scores) == {"tiny_choice/acc", "tiny_choice/acc_norm", "tiny_rolling/word_perplexity",
+                           "tiny_rolling/byte_perplexity", "tiny_rolling/bits_per_byte", "tiny_gen/exact_match"}
+    # the harness asks for " " + choice after the question (its default target delimiter)
+    picks = [max(range(len(d["choices"])), key=lambda c: direct(model, list(d["question"].encode()),
+                                                                    list((" " + d["choices"][c]).encode()))[0])
+             for d in DOCS["tiny_choice"]]
+    assert scores["tiny_choice/acc"] == sum(p == d["answer"] for p, d in zip(picks, DOCS["tiny_choice"])) / 4
+    texts = [d["text"] for d in DOCS["tiny_rolling"]]
+    nats = -sum(direct_rolling(model, list(t.encode()), evaluate.NEWLINE) for t in texts)
+    assert scores["tiny_rolling/bits_per_byte"] == pytest.approx(nats / sum(len(t.encode()) for t in texts) / math.log(2), rel=1e-5)
+    if importlib.util.find_spec("wandb"):
+        (run,) = (tmp_path / "wandb").glob("offline-run-*-evaltest7/run-evaltest7.wandb")
+        assert b"eval/tiny_choice/acc" in run.read_bytes() and b"eval/tiny_rolling/bits_per_byte" in run.read_bytes()
+
+
+def test_folded_and_unfolded_dlr_score_the_same(tasks, tmp_path, capsys):
+    """A DLR checkpoint and fold.py's folding of it give the same scores on every task (the fold keeps
+    the logits bitwise)."""
+    torch.manual_seed(0)
+    model = randomise_queries(perturb_norms_and_biases(GPT(GPTConfig(**TINY, **MODELS["folded_dlr"]))))
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", model.eval())
+    fold.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "folded.pt")])
+    common = ["--tasks=tiny_choice,tiny_rolling,tiny_gen", f"--include_path={tasks}", "--device=cpu"]
+    code, _, err, dlr = run_main([f"--ckpt={ckpt}", *common], capsys)
+    assert code == 0, err
+    code, _, err, folded = run_main([f"--ckpt={tmp_path / 'folded.pt'}", *common], capsys)
+    assert code == 0, err
+    assert dlr["model_args"]["dlr"] is True and folded["model_args"]["dlr"] is False
+    assert folded["scores"] == dlr["scores"]
+    assert (tmp_path / "folded.eval.json").exists() and (tmp_path / "ckpt.eval.json").exists()
+
+
+def test_the_example_task_runs_offline(tmp_path, capsys, monkeypatch):
+    """The README's command: docs/tasks/python_words, scored from the repository root with nothing downloaded."""
+    monkeypatch.chdir(REPO)  # the task's YAML names its data relative to where eval.py runs
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    code, out, err, record = run_main([f"--ckpt={ckpt}", "--tasks=python_words", "--include_path=docs/tasks", "--device=cpu"], capsys)
+    assert code == 0, err
+    assert "|python_words|" in out and record["harness"]["n-samples"]["python_words"]["effective"] == 8
+    assert set(record["scores"]) == {"python_words/acc", "python_words/acc_norm"}
+
+
+def test_init_from_gpt2(tasks, tmp_path, capsys, monkeypatch, gpt2_offline):
+    """--init_from=gpt2 scores OpenAI's GPT-2 as train.py's init_from loads it (checkpoint.load_gpt2: a tiny
+    stand-in here, no download), in GPT-2 tokens, and writes OUT_DIR/gpt2.eval.json."""
+    import checkpoint
+    model = tiny_model("standard", vocab_size=50257)
+    calls = []
+    monkeypatch.setattr(checkpoint, "load_gpt2", lambda *args: calls.append(args) or (model_args(model), model.state_dict()))
+    code, _, err, record = run_main(["--init_from=gpt2", f"--out_dir={tmp_path}", "--tasks=tiny_choice",
+                                     f"--include_path={tasks}", "--device=cpu"], capsys)
+    assert code == 0, err
+    assert calls == [("gpt2", "cache")] and record["checkpoint"] == "gpt2" and record["tokenizer"] == "gpt2"
+    assert json.loads((tmp_path / "gpt2.eval.json").read_text())["scores"] == record["scores"]
+
+
+# -----------------------------------------------------------------------------
+# bad input: one line that says what to do
+
+def test_one_line_errors(tasks, tmp_path, capsys):
+    """An unknown task (the harness's list is the judge), a checkpoint that does not load, --limit not
+    positive, a folder that is not there: each one line on stderr, no traceback."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
+    local = [f"--include_path={tasks}", "--device=cpu"]
+    cases = [
+        ([f"--ckpt={ckpt}", "--tasks=tiny_choice", "--limit=0", *local], 2, "--limit=0: give a positive number"),
+        ([f"--ckpt={ckpt}", "--tasks=,", *local], 2, "--tasks names no task"),
+        ([f"--ckpt={ckpt}", "--tasks=tiny_choice", "--include_path=/no/such/folder"], 1, "--include_path=/no/such/folder: no such folder"),
+        ([f"--out_dir={tmp_path / 'nowhere'}", "--tasks=tiny_choice", *local], 1, "no checkpoint at"),
+        ([f"--ckpt={tmp_path / 'broken.pt'}", "--tasks=tiny_choice", *local], 1, "broken.pt holds objects a checkpoint must not hold"),
+        ([f"--ckpt={ckpt}", "--tasks=hellaswagg", *local], 1, "unknown task 'hellaswagg' (did you mean hellaswag"),
+    ]
+    for argv, want_code, message in cases:
+        code, out, err, _ = run_main(argv, capsys)
+        assert (code, err.count("\n")) == (want_code, 1) and message in err and "Traceback" not in err, (argv, err)
+    assert "`lm-eval ls tasks` lists the harness's tasks" in err
+
+
+def test_no_network_names_the_dataset(tasks, tmp_path):
+    """A task whose dataset must come from the Hugging Face hub, with the hub out of reach (offline mode:
+    no retries), stops in one line that names the dataset."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    result = subprocess.run([sys.executable, str(REPO / "eval.py"), f"--ckpt={ckpt}", "--tasks=tiny_hub", f"--include_path={tasks}"],
+                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1 and result.stderr.splitlines()[-1].startswith(
+        "error: task tiny_hub needs the dataset nanoattnres-test/not-here from the Hugging Face hub, which cannot be reached")
+
+
+def test_missing_harness_says_how_to_install(tmp_path):
+    """Without lm-eval, eval.py says in one line how to install it."""
+    fake = tmp_path / "no_lm_eval" / "lm_eval"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named lm_eval')\n")
+    result = subprocess.run([sys.executable, str(REPO / "eval.py"), "--tasks=hellaswag"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(fake.parent), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: eval.py runs lm-evaluation-harness, which is not installed: pip install lm-eval")
