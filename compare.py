@@ -80,9 +80,12 @@ REFERENCE = "standard"  # every run is compared with the standard (dense) run of
 GRIDS = {
     "residual": ["standard"] + [f"{m}/res_blocks={n}" for m in ("attnres", "delta", "rd") for n in (0, 4)],
     "lowrank": ["standard", "lowrank/rank=32", "dlr/rank=32"],
-    # the depth study: per-sublayer routing at every depth, the RD control at 8, block routing at 16
-    "depth": ["standard"] + [f"{m}/res_blocks=0" for m in ("attnres", "delta", "rd")] + ["n_layer=8/rd_fixedv/res_blocks=0"]
+    # the depth study: per-sublayer routing at every depth, the RD control at 8 and 16, block routing at 16
+    "depth": ["standard"] + [f"{m}/res_blocks=0" for m in ("attnres", "delta", "rd")]
+             + [f"n_layer={n}/rd_fixedv/res_blocks=0" for n in (8, 16)]
              + [f"n_layer=16/{m}/res_blocks=4" for m in ("attnres", "delta", "rd")],
+    # the width study (with --sweep=n_embd=...): 8 layers, per-sublayer routing, the RD control, block attnres
+    "width": ["standard", "attnres/res_blocks=0", "rd/res_blocks=0", "rd_fixedv/res_blocks=0", "attnres/res_blocks=4"],
 }
 GRIDS["all"] = list(dict.fromkeys(GRIDS["residual"] + GRIDS["lowrank"]))
 # what each kind of run is compared with besides standard: its baseline in the papers (same res_blocks or rank)
