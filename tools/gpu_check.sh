@@ -12,6 +12,9 @@
 #   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
 #           route, then with model.py's plain route, side by side within each run
 #   route   one route over 25 sources against its memory-traffic floor (python kernels.py)
+# and, when named (~3 minutes more):
+#   compiled  bench.py --compile on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4,
+#             with each row's compile time
 # Each part has a time limit, and a failed part does not stop the others: the summary says which passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,5 +62,10 @@ if wants bench; then
 fi
 if wants route; then
   part route 60 python3 kernels.py --json="$out/route.json"
+fi
+if wants compiled; then
+  part bench_compiled 300 python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \
+    --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile --json="$out/bench_compiled_fused.json" \
+    --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0
 fi
 python3 tools/gpu_summary.py "$out" | tee -a "$log"

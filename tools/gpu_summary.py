@@ -61,6 +61,8 @@ def bench(path):
             entry["mem_ratio"] = round(r["mem_ratio"], 3)
             entry["peak_mem_mb"] = round(r["peak_mem_mb"])
             entry["mfu"] = round(r["mfu"], 4)
+            if r.get("compile_s") is not None:
+                entry["compile_s"] = round(r["compile_s"], 1)
     return {"fused_route": data.get("fused_route"), "compile": data["compile"], "rows": rows}
 
 
@@ -80,6 +82,7 @@ def main(out):
         "train": {name: training(out / name) for name in ("train_delta", "train_rd_dlr")},
         "bench_eager_fused": bench(out / "bench_eager_fused.json"),
         "bench_eager_plain": bench(out / "bench_eager_plain.json"),
+        "bench_compiled_fused": bench(out / "bench_compiled_fused.json"),
         "route": json.loads((out / "route.json").read_text()) if (out / "route.json").exists() else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
