@@ -404,6 +404,11 @@ if master:
           f"{n_params:.2f}M parameters, from {init_from}" + (f" at iter {iter_num}" if init_from == "resume" else ""))
     print(f"training on {device} in {dtype}, {world_size} process(es): {gradient_accumulation_steps} x {batch_size} "
           f"x {block_size} = {tokens_per_iter:,} tokens per iteration, {max_iters} iterations")
+    if raw_model.config.residual != "standard":
+        with ctx:
+            fused, source_dtype = raw_model.route_implementation(torch.device(device))
+        print("routes: " + (f"fused (Triton), sources in {str(source_dtype or torch.float32).removeprefix('torch.')}"
+                            if fused else "model.py's plain route"))
 
 # log.jsonl: a new run starts it afresh; a resumed one drops what was logged after its checkpoint
 if master:
