@@ -15,6 +15,7 @@ a Duplicated Latent Residual (DLR). The math, equation by equation, is in the RE
 
 import importlib.util
 import math
+import warnings
 from dataclasses import dataclass, fields
 
 import torch
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 RESIDUAL_MODES = ("standard", "attnres", "delta", "rd")
 LOWRANK_ACTIVATIONS = {"silu": F.silu, "identity": lambda z: z}
 ROUTING_RMS_EPS = 1e-6  # eps of the gainless rmsnorm applied to routing keys
-# The fused route for GPUs is kernels.py (Triton), imported only where a forward uses it: importing
+# The fused route for GPUs is route_kernels.py (Triton), imported only where a forward uses it: importing
 # Triton costs about a second, which a CPU run never needs
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -306,8 +307,9 @@ class DepthSources:
     measured slower than this in eager PyTorch on a CPU (docs/speed.md, "Tried, measured slower");
     torch.compile fuses each route into one loop instead.
 
-    On a GPU that is still one memory pass per (route, source) pair and four more in backward, ~4x
-    standard's step time at GPT-2-small shape (docs/speed.md). fused_route=kernels.fused_route sends
+    On a GPU that is still one memory pass per (route, source) pair and four more in backward: at
+    GPT-2-small shape, ~4x standard's step time per sublayer, ~2x with 4 blocks (docs/speed.md, "On a
+    GPU"). fused_route=route_kernels.fused_route sends
     every route to one Triton kernel instead, which reads each source once (logits, online softmax and
     weighted sum together) and saves no copies for the backward; no logit table is kept then.
     dtype: what the sources are stored in (the fused route does its math in float32 whatever it is).
@@ -320,7 +322,7 @@ class DepthSources:
         self.logits = None  # [R, m, B, T]: the logit of every completed source (dim 1) for every route (dim 0)
         self.partial = None  # p, the running sum of the current block
         self.collect = collect
-        # kernels.fused_route, or None for the plain route; the diagnostics read the depth weights,
+        # route_kernels.fused_route, or None for the plain route; the diagnostics read the depth weights,
         # which the fused route never forms
         self.fused_route = None if collect else fused_route
         self.weights = {}  # route -> mean depth weights over batch and positions (when collecting)
@@ -406,7 +408,7 @@ class GPT(nn.Module):
         self.last_routing = None  # filled by forward(..., collect_routing=True)
         # how the routes run, not what they compute (so not in the config, nor in checkpoints):
         self.fused_route = "auto"  # auto: fused on CUDA where Triton imports | True: fused (CPU: Triton's interpreter) | False
-        self.bf16_sources = True  # fused, under bfloat16 autocast: sources stored in bfloat16 (the kernel adds in float32)
+        self.bf16_sources = True  # fused, under bfloat16 autocast: sources (and block sums) in bfloat16, the kernel's math in float32
         self.init_weights()
 
     @torch.no_grad()
@@ -465,16 +467,20 @@ class GPT(nn.Module):
 
     def route_implementation(self, device):
         """(the fused route function or None, the sources' dtype or None) of a forward on device:
-        kernels.fused_route on a GPU, with its sources in bfloat16 under bfloat16 autocast (half the
-        bytes of every routing pass: docs/speed.md measures what it buys, docs/results.md what it
-        costs in loss); None, None: the plain route, sources in the embedding's dtype."""
+        route_kernels.fused_route on a GPU, with its sources in bfloat16 under bfloat16 autocast (half the
+        bytes of every routing pass; docs/speed.md, "On a GPU", measures what it buys and what it costs
+        in loss); None, None: the plain route, sources in the embedding's dtype."""
         if self.fused_route not in ("auto", True, False):
             raise ValueError(f"fused_route={self.fused_route!r}: use 'auto', True or False")
         if not (self.fused_route is True or (self.fused_route == "auto" and device.type == "cuda" and HAVE_TRITON)):
             return None, None
-        import kernels
+        import route_kernels as kernels  # not `kernels`: Hugging Face's package of that name
         if not kernels.available(device):
-            raise RuntimeError(f"fused_route=True on {device}: {kernels.why_unavailable(device)}")
+            if self.fused_route is True:
+                raise RuntimeError(f"fused_route=True on {device}: {kernels.why_unavailable(device)}")
+            # auto: the plain route computes the same, slower (Python shows a warning once per place)
+            warnings.warn(f"routes take model.py's plain route on {device}: {kernels.why_unavailable(device)}")
+            return None, None
         kind = device.type
         bf16 = self.bf16_sources and torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16
         return kernels.fused_route, torch.bfloat16 if bf16 else None

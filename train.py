@@ -81,7 +81,7 @@ device = "auto"  # auto (cuda, mps, then cpu) | cpu | cuda | cuda:1 | mps
 dtype = "auto"  # auto (GPU: bfloat16, or float16 where it is emulated; CPU, MPS: float32) | float32 | bfloat16 | float16
 compile = False  # torch.compile the model
 fused_route = True  # on CUDA, routes run as one Triton kernel each where Triton imports (False: model.py's plain route)
-bf16_sources = True  # fused route under bfloat16: routing sources stored in bfloat16, added in float32 (False: float32)
+bf16_sources = True  # fused route under bfloat16: routing sources (and block sums) in bfloat16, math in float32 (False: float32)
 peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure, else a measured matmul
 seed = 1337  # model init and training windows; same seed = same backbone in every residual mode
 # experiment tracking, as nanoGPT does it (needs `pip install wandb`)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-# Without a GPU, Triton kernels (kernels.py) run in Triton's interpreter, on CPU tensors: it must be
+# Without a GPU, Triton kernels (route_kernels.py) run in Triton's interpreter, on CPU tensors: it must be
 # chosen before triton is first imported, which model.py does only when a forward asks for them
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"

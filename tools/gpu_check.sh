@@ -5,13 +5,13 @@
 #     tools/gpu_check.sh [OUT_DIR [PART ...]]    # default gpu_check/, every part; OUT_DIR/summary.json
 #
 # The parts, in order (name them to run only those; the summary reads whatever OUT_DIR holds):
-#   tests   tests/test_gpu.py and tests/test_kernels.py on the GPU (pytest-xdist's -n 8 where installed)
+#   tests   tests/test_gpu.py and tests/test_route_kernels.py on the GPU (pytest-xdist's -n 8 where installed)
 #   train   python train.py, 200 iterations on the GPU: the default (a delta model) and rd with low-rank
 #           DLR linears, each with its tokens/s and MFU in its log
 #   sample  sample.py from the first; fold.py on the second, then sample.py from the folded checkpoint
 #   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
 #           route, then with model.py's plain route, side by side within each run
-#   route   one route over 25 sources against its memory-traffic floor (python kernels.py)
+#   route   one route over 25 sources against its memory-traffic floor (python route_kernels.py)
 # and, when named (~3 minutes more):
 #   compiled  bench.py --compile on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4,
 #             with each row's compile time
@@ -36,10 +36,12 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its output 
   echo "$name $rc $((SECONDS - t0))" >>"$out/parts.txt"
 }
 wants() { [[ " $parts " == *" $1 "* ]]; }
+# a rerun adds to the log and to parts.txt (the summary keeps each part's latest result): say when and what
+echo "##### $(date -u '+%Y-%m-%d %H:%M UTC'): tools/gpu_check.sh $out $parts" | tee -a "$log"
 
 if wants tests; then
   workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-  part tests 300 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_kernels.py --junitxml="$out/tests.xml"
+  part tests 300 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_route_kernels.py --junitxml="$out/tests.xml"
 fi
 if wants train; then
   part prepare 60 python3 prepare.py
@@ -61,7 +63,7 @@ if wants bench; then
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,rd/res_blocks=4
 fi
 if wants route; then
-  part route 60 python3 kernels.py --json="$out/route.json"
+  part route 60 python3 route_kernels.py --json="$out/route.json"
 fi
 if wants compiled; then
   part bench_compiled 300 python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \

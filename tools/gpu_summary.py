@@ -3,7 +3,7 @@ The GPU check's summary (tools/gpu_check.sh writes the parts, this reads them ba
 
     python tools/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
 
-The machine (GPU, torch, Triton, date), each part's exit code and seconds, the test counts from
+The machine (GPU, torch, Triton, date), the code's commit, each part's exit code and seconds, the test counts from
 pytest's JUnit XML, the training runs' tokens/s and MFU (median of their logged iterations after the
 first 20, which include warm-up), and each bench row's ratios to standard.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import triton_version  # noqa: E402
+from common import git_commit, triton_version  # noqa: E402
 
 
 def test_counts(xml_path):
@@ -77,6 +77,7 @@ def main(out):
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version(),
         "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit()[0], "dirty": git_commit()[1],  # the code the parts ran, where it is a git checkout
         "parts": parts,
         "tests": test_counts(out / "tests.xml"),
         "train": {name: training(out / name) for name in ("train_delta", "train_rd_dlr")},

@@ -19,13 +19,13 @@ Backward, with g = dL/dmix:
 Why: the eager route is memory-bound, a chain of passes over [B, T, d] per source in each direction.
 Here the forward reads each source once and writes the mix; the backward reads g, the mix and each
 source once and writes each source's gradient. Nothing [B, T, d]-sized is saved beyond the mix
-(which the next layer's norm keeps anyway): per token, one float32 log-sum-exp. Logits and inverse
+(one tensor per route, the size of one source): per token, one float32 log-sum-exp. Logits and inverse
 RMS are recomputed in the backward from the source it reads anyway (a few flops, no extra bytes).
 All math is float32; sources may be stored in bfloat16 (half the bytes).
 
 fused_route(query, sources) is the entry point, registered as the custom op nanoattnres::route so
 torch.compile sees one node per route. model.reference_route is the definition it is tested against
-(tests/test_kernels.py); `python kernels.py` times it on a GPU against its byte floor.
+(tests/test_route_kernels.py); `python route_kernels.py` times it on a GPU against its byte floor.
 """
 
 import contextlib
@@ -39,7 +39,9 @@ import torch
 try:
     import triton
     import triton.language as tl
-    HAVE_TRITON = True
+    # the sources reach the kernels as one tuple argument (see bucket), which Triton has from 3.3 on;
+    # CUDA builds of older torch bring older Tritons: they take the plain route
+    HAVE_TRITON = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 3)
 except ImportError:  # the module still imports (the op registers, available() says False); the kernels are never called
     HAVE_TRITON = False
     triton = types.SimpleNamespace(jit=lambda fn: fn, next_power_of_2=None, cdiv=None)
@@ -68,8 +70,10 @@ def available(device):
 
 def why_unavailable(device):
     """Why available(device) is False, as what to do about it."""
-    if not HAVE_TRITON:
+    if "triton" not in globals() or isinstance(triton, types.SimpleNamespace):
         return "Triton is not installed (pip install triton; CUDA builds of torch bring it)"
+    if not HAVE_TRITON:
+        return f"Triton {triton.__version__} is older than 3.3, which the kernels need (pip install -U triton)"
     return (f"Triton runs on CUDA GPUs, and on the CPU only in its interpreter (TRITON_INTERPRET=1 before triton "
             f"is imported); on {torch.device(device)} use the plain route (fused_route=False)")
 
@@ -282,9 +286,9 @@ def fused_route(query, sources):
             raise ValueError("fused_route: sources must be contiguous")
     if s0.dtype not in DTYPES:
         raise ValueError(f"fused_route: sources are {s0.dtype}, supported are {DTYPES}")
-    if query.shape != s0.shape[-1:] or query.device != s0.device:
+    if query.shape != s0.shape[-1:] or query.device != s0.device or not query.is_contiguous():
         raise ValueError(f"fused_route: query is {tuple(query.shape)} on {query.device}, "
-                         f"sources need [{s0.size(-1)}] on {s0.device}")
+                         f"sources need a contiguous [{s0.size(-1)}] on {s0.device}")
     return _route_op(query, sources)[0]
 
 
