@@ -76,7 +76,13 @@ def test_sweep_names_and_pairing_per_value():
     full = compare.select_runs("depth", ("n_layer", ["4", "8", "16"]))
     assert compare.references("n_layer=16/rd/res_blocks=4", full) == ["n_layer=16/standard", "n_layer=16/attnres/res_blocks=4"]
     assert compare.references("n_layer=8/delta/res_blocks=0", full) == ["n_layer=8/standard", "n_layer=8/attnres/res_blocks=0"]
-    assert len(full) == 16 and compare.slug("n_layer=8/rd/res_blocks=0") == "n_layer8_rd_res_blocks0"
+    assert len(full) == 17 and compare.slug("n_layer=8/rd/res_blocks=0") == "n_layer8_rd_res_blocks0"
+    assert "n_layer=16/rd_fixedv/res_blocks=0" in full and "n_layer=4/rd_fixedv/res_blocks=0" not in full
+    width = compare.select_runs("width", ("n_embd", ["256"]))
+    assert width == ["n_embd=256/standard", "n_embd=256/attnres/res_blocks=0", "n_embd=256/rd/res_blocks=0",
+                     "n_embd=256/rd_fixedv/res_blocks=0", "n_embd=256/attnres/res_blocks=4"]
+    assert compare.references("n_embd=256/rd_fixedv/res_blocks=0", width) == [
+        "n_embd=256/standard", "n_embd=256/rd/res_blocks=0", "n_embd=256/attnres/res_blocks=0"]
     with pytest.raises(ValueError, match="--sweep"):
         compare.select_runs("n_layer=2/rd")  # a value without a sweep
     with pytest.raises(ValueError, match="does not have"):
