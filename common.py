@@ -8,6 +8,7 @@ What the scripts share, so that each is written once:
     provenance(device)                 the commit, torch and chip a log records first
     sublayer_routes, routing_summary   a run's routing in a few numbers (train.py's log, compare.py's tables)
     run_settings, run_name             run names ('rd/res_blocks=4', 'dlr/rank=32') <-> settings
+    split_point, REFERENCE             a grid's run names ('n_layer=8/rd/res_blocks=0'), what they are compared with
     task_scores                        an lm-eval run's metrics by name (eval.py's results, compare.py's columns)
     resolve_device, resolve_dtype      the device and dtype a script runs on (cpu, cuda, cuda:N, mps), autocast
     bind_device, process_group_options the GPU a (torchrun) process takes, its process group; allow_tf32
@@ -172,6 +173,16 @@ def task_scores(results):
 
 # -----------------------------------------------------------------------------
 # run names: what compare.py's grids and bench.py's rows call a model
+
+REFERENCE = "standard"  # every run of a grid is compared with the standard (dense) run of the same seed
+
+
+def split_point(name):
+    """A run name's sweep value and the rest: 'n_layer=8/rd/res_blocks=0' -> ('n_layer=8', 'rd/res_blocks=0');
+    ('', name) for a name without one. Run kinds never hold '=', so a first part with '=' is a value."""
+    first, _, rest = name.partition("/")
+    return (first, rest) if "=" in first else ("", name)
+
 
 def run_settings(name):
     """The settings a run name stands for: `<kind>[/key=value...]`, e.g. 'standard', 'delta/res_blocks=4',

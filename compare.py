@@ -50,7 +50,8 @@ avoids torch threads waiting on each other, which slows small models several tim
 
 Output in <out_dir>/compare/: results.md (with --eval_tasks, a second table: the task scores),
 results.json, val_loss.png, routing_<run>.png (one per routed run) and max_weight_by_depth.png (one
-of each per value with --sweep), and with --sweep sweep_val_loss.png and sweep_max_weight.png.
+of each per value with --sweep), and with --sweep sweep_val_loss.png and sweep_max_weight.png, all
+drawn by figures.py (which also sets published grids side by side: python figures.py --help).
 """
 
 import heapq
@@ -67,16 +68,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import matplotlib
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
-import configurator  # noqa: E402
-from common import die, hms, routing_summary, run_name, sublayer_routes, task_scores  # noqa: E402
-from common import run_settings as common_run_settings  # noqa: E402
+import configurator
+from common import REFERENCE, die, hms, routing_summary, run_name, split_point, task_scores
+from common import run_settings as common_run_settings
+from figures import comparisons, plot_max_weight, plot_routing, plot_sweep, plot_sweep_max_weight, plot_val_loss
 
-REFERENCE = "standard"  # every run is compared with the standard (dense) run of the same seed
 GRIDS = {
     "residual": ["standard"] + [f"{m}/res_blocks={n}" for m in ("attnres", "delta", "rd") for n in (0, 4)],
     "lowrank": ["standard", "lowrank/rank=32", "dlr/rank=32"],
@@ -102,13 +100,6 @@ OPTIONS = dict(runs="residual", seeds=3, sweep="", jobs=1, publish="", report=Fa
 
 # -----------------------------------------------------------------------------
 # runs: names <-> train.py settings
-
-def split_point(name):
-    """A run name's sweep value and the rest: 'n_layer=8/rd/res_blocks=0' -> ('n_layer=8', 'rd/res_blocks=0');
-    ('', name) for a name without one. Run kinds never hold '=', so a first part with '=' is a value."""
-    first, _, rest = name.partition("/")
-    return (first, rest) if "=" in first else ("", name)
-
 
 def run_settings(name):
     """train.py settings of a run (common.run_settings), with the sweep value its name may start with:
@@ -368,18 +359,6 @@ def score_table(results):
     return "\n".join(lines)
 
 
-def comparisons(results):
-    """Every paired comparison of the grid by sweep value: {(run, reference): {value: paired}}, names
-    without their value ('rd/res_blocks=0', 'attnres/res_blocks=0'); value '' without a sweep."""
-    out = {}
-    for name, r in results["runs"].items():
-        point, kind = split_point(name)
-        for ref, p in r["paired"].items():
-            if p["n"]:
-                out.setdefault((kind, split_point(ref)[1]), {})[point] = p
-    return out
-
-
 def sweep_table(results):
     """The sweep in one markdown table: a row per comparison, a column per value, cells the paired
     Δ val loss (nats, mean ± std over seeds) and the wins."""
@@ -436,195 +415,7 @@ def markdown(results):
 
 
 # -----------------------------------------------------------------------------
-# pictures
-
-COLORS = {"standard": "black", "attnres": "tab:blue", "delta": "tab:red", "rd": "tab:green", "rd_fixedv": "tab:olive",
-          "lowrank": "tab:purple", "dlr": "tab:orange"}
-
-
-def line_style(name):
-    """Colour by mode (or linear kind), dashed for block routing."""
-    kind = split_point(name)[1].split("/")[0]
-    settings = run_settings(name)
-    return dict(color=COLORS[kind], linestyle="--" if settings.get("res_blocks") else "-")
-
-
-def point_style(name):
-    """line_style plus a marker, square for block routing: a sweep value with one point has no line to dash."""
-    return dict(line_style(name), marker="s" if run_settings(name).get("res_blocks") else "o")
-
-
-def plot_val_loss(records, names, path):
-    """Left: val loss vs iteration, mean over seeds, every run. Right: the paired difference to the
-    reference (run - reference on the same seeds), mean over seeds: what the table's Δ is made of.
-    names: the runs of one sweep value (the first is its reference)."""
-    def curves(name):
-        return {seed: dict(r["curve"]) for seed, r in records.get(name, {}).items()}
-    ref = curves(names[0])
-    fig, (ax, dax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    low = []
-    for name in names:
-        runs = curves(name)
-        if not runs:
-            continue
-        iters = sorted(set.intersection(*(set(c) for c in runs.values())))
-        mean = [statistics.fmean(c[i] for c in runs.values()) for i in iters]
-        n = len(runs)
-        ax.plot(iters, mean, label=f"{name} ({n} seed{'s' * (n > 1)})", lw=1.4, **line_style(name))
-        low += mean[1:]  # the first eval (at init) would squash the rest of the curve
-        seeds = sorted(set(runs) & set(ref))
-        if name != names[0] and seeds:
-            both = [i for i in iters if all(i in ref[s] for s in seeds)]
-            diff = [statistics.fmean(runs[s][i] - ref[s][i] for s in seeds) for i in both]
-            dax.plot(both, diff, lw=1.4, **line_style(name))
-    if not low:
-        plt.close(fig)
-        return False
-    ax.set_ylim(min(low) - 0.02, max(low) + 0.02)
-    ax.set_title("val loss (mean over seeds)")
-    ax.set_ylabel("val loss (nats)")
-    ax.legend(fontsize=7, loc="upper right")
-    dax.axhline(0, color=COLORS[REFERENCE], lw=1)
-    dax.set_title(f"paired Δ to {REFERENCE}, mean over seeds (< 0: better)")
-    dax.set_ylabel("Δ val loss (nats)")
-    later = [i for n in names for rec in records.get(n, {}).values() for i, _ in rec["curve"] if i > 0]
-    for a in (ax, dax):
-        if later:
-            a.set_xlim(left=min(later))  # leave out the eval at init: every run starts near log(vocab_size)
-        a.set_xlabel("iteration")
-        a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def route_order(routes):
-    """Heatmap rows: the sublayer routes in depth order, each rd value route under its attention route, 'out' last."""
-    rows = []
-    for r in sublayer_routes(routes):
-        rows.append(r)
-        if r + ".v" in routes:
-            rows.append(r + ".v")
-    return rows + (["out"] if "out" in routes else [])
-
-
-def plot_routing(name, summary, path):
-    """Heatmap of one run's depth routing: rows are routes, columns sources, cells the mean weight."""
-    weights = summary["weights"]
-    rows = route_order(weights)
-    m = max(len(w) for w in weights.values())
-    grid = np.full((len(rows), m), np.nan)  # a source a route does not have stays NaN: drawn grey
-    for i, r in enumerate(rows):
-        grid[i, :len(weights[r])] = weights[r]
-    per_sublayer = run_settings(name)["res_blocks"] == 0
-    # source 0 is the embedding; source i is sublayer i-1's output (per-sublayer) or block i's (blocks)
-    labels = (["emb"] + sublayer_routes(weights))[:m] if per_sublayer else ["emb"] + [f"block {k}" for k in range(1, m)]
-    fig, ax = plt.subplots(figsize=(1.2 + 0.62 * m, 0.9 + 0.36 * len(rows)))
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
-    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
-    for (i, j), w in np.ndenumerate(grid):
-        if not np.isnan(w):
-            ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=7, color="white" if w < 0.6 else "black")
-    ax.set_xticks(range(m), labels, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(len(rows)), rows, fontsize=8)
-    ax.set_xlabel("source: the embedding, or the output of a " + ("sublayer" if per_sublayer else "block"))
-    ax.set_title(f"{name}: mean routing weight", fontsize=10)
-    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_max_weight(summaries, path):
-    """The Delta paper's routing-collapse figure: max weight of each sublayer's route, attnres vs delta,
-    per-sublayer (solid) and block (dashed) routing; grey: a uniform route's 1/m."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    drawn = set()
-    for name, s in summaries.items():
-        if split_point(name)[1].split("/")[0] not in ("attnres", "delta"):
-            continue
-        routes = [r for r in sublayer_routes(s["weights"]) if r in s["max_weight"]]
-        x = [sublayer_routes(s["weights"]).index(r) for r in routes]
-        style = line_style(name)
-        ax.plot(x, [s["max_weight"][r] for r in routes], marker="o", ms=4, label=name, **style)
-        if style["linestyle"] not in drawn:  # 1/m for this granularity (the same m in attnres and delta)
-            drawn.add(style["linestyle"])
-            ax.plot(x, [1 / len(s["weights"][r]) for r in routes], color="grey", lw=1, linestyle=style["linestyle"],
-                    label=f"uniform 1/m ({'block' if style['linestyle'] == '--' else 'per-sublayer'})")
-    if not drawn:
-        plt.close(fig)
-        return False
-    names = sublayer_routes(next(iter(summaries.values()))["weights"])
-    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("max routing weight")
-    ax.set_title("max routing weight by depth (final eval, mean over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def plot_sweep(results, path):
-    """The sweep's headline: paired Δ val loss at each swept value, mean over seeds with the paired std
-    as error bars. Left: every run vs standard; right: the papers' own comparisons (PARENTS)."""
-    points, found = results["points"], comparisons(results)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, parents in zip(axes, (False, True)):
-        pairs = [(kind, ref) for kind, ref in found if (ref != REFERENCE) == parents]
-        for i, (kind, ref) in enumerate(pairs):
-            by_point = found[(kind, ref)]
-            x = [points.index(pt) + 0.04 * (i - (len(pairs) - 1) / 2) for pt in by_point]  # side by side, not on top
-            y = [p["diff_nats_mean"] for p in by_point.values()]
-            err = [p["diff_nats_std"] or 0.0 for p in by_point.values()]
-            ax.errorbar(x, y, yerr=err, ms=4, capsize=3, lw=1.4, **point_style(kind),
-                        label=kind if not parents else f"{kind} − {ref}")
-        ax.axhline(0, color=COLORS[REFERENCE], lw=1)
-        ax.set_xticks(range(len(points)), points)
-        ax.set_xlim(-0.5, len(points) - 0.5)
-        ax.grid(alpha=0.3)
-        ax.set_title("vs standard" if not parents else "the papers' comparisons: run − its parent")
-        if pairs:
-            ax.legend(fontsize=7)
-    axes[0].set_ylabel("paired Δ val loss (nats, < 0: better)")
-    fig.suptitle("paired Δ val loss, mean ± std over seeds", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_sweep_max_weight(results, path):
-    """The Delta paper's routing-collapse claim across the sweep: the deepest sublayer route's max
-    weight at each value, per routed run kind; grey: a uniform route's 1/m over the same sources."""
-    points = results["points"]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    kinds, uniform = {}, {}
-    for name, r in results["runs"].items():
-        if r["routing"]:
-            point, kind = split_point(name)
-            routing = r["routing"]
-            kinds.setdefault(kind, {})[point] = routing["deep_max_weight"]
-            m = len(routing["weights"][routing["deepest"]])
-            uniform.setdefault("--" if run_settings(name).get("res_blocks") else "-", {})[point] = 1 / m
-    for kind, by_point in kinds.items():
-        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), ms=5, label=kind,
-                **point_style(kind))
-    for style, by_point in uniform.items():
-        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), color="grey", lw=1, linestyle=style,
-                marker=".", label=f"uniform 1/m ({'block' if style == '--' else 'per-sublayer'})")
-    ax.set_xticks(range(len(points)), points)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("max weight of the deepest sublayer's route")
-    ax.set_title("deepest route's max weight (final eval, mean over seeds)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
+# results.json, results.md and the pictures (figures.py draws them)
 
 def write_results(compare_dir, records, names, seeds, meta, publish=None):
     """results.json, results.md and the pictures in compare_dir (and a copy in publish, if given).

@@ -25,7 +25,7 @@ from common import (GPU_PEAK_TFLOPS, NonFiniteLosses, autocast, once_per_node, p
 from helpers import tiny_config  # noqa: E402
 from model import GPT  # noqa: E402
 
-SCRIPTS = ("train.py", "compare.py", "prepare.py", "sample.py", "fold.py", "bench.py")
+SCRIPTS = ("train.py", "compare.py", "figures.py", "prepare.py", "sample.py", "fold.py", "bench.py")
 
 
 def test_die_is_one_line_with_rank_and_exit_code(capsys, monkeypatch):

@@ -1,0 +1,339 @@
+"""
+The pictures: those of one grid, which compare.py draws as it writes its results.md (their files:
+compare.py --help, "Output"), and figures that put published grids side by side, from the command line:
+
+    python figures.py width docs/compare/depth docs/compare/width --n_layer=8 --out=docs/compare/width/delta_vs_width.png
+
+width: each run kind's paired Δ val loss to standard (results.json's, mean ± std over seeds) against
+model width at one depth, from grids that differ in width (a sweep over n_embd, or another config). A
+run's width and depth are read from its train_args.json (its config file and arguments, as train.py
+reads them), not from the grid's name; the plotted numbers are printed as a markdown table.
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import matplotlib
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+import configurator  # noqa: E402
+from common import REFERENCE, die, run_settings, split_point, sublayer_routes  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+TRAIN = ROOT / "train.py"
+
+
+# -----------------------------------------------------------------------------
+# one grid: compare.py's pictures
+
+COLORS = {"standard": "black", "attnres": "tab:blue", "delta": "tab:red", "rd": "tab:green", "rd_fixedv": "tab:olive",
+          "lowrank": "tab:purple", "dlr": "tab:orange"}
+
+
+def save(fig, path):
+    """Every picture alike: laid out, at 120 dpi, and closed (pyplot keeps each figure until it is)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def blocks(name):
+    """Whether a run routes over blocks of sublayers (res_blocks > 0) rather than over each sublayer."""
+    return bool(run_settings(split_point(name)[1]).get("res_blocks"))
+
+
+def line_style(name):
+    """Colour by mode (or linear kind), dashed for block routing."""
+    kind = split_point(name)[1].split("/")[0]
+    return dict(color=COLORS[kind], linestyle="--" if blocks(name) else "-")
+
+
+def point_style(name):
+    """line_style plus a marker, square for block routing: a sweep value with one point has no line to dash."""
+    return dict(line_style(name), marker="s" if blocks(name) else "o")
+
+
+def plot_val_loss(records, names, path):
+    """Left: val loss vs iteration, mean over seeds, every run. Right: the paired difference to the
+    reference (run - reference on the same seeds), mean over seeds: what the table's Δ is made of.
+    names: the runs of one sweep value (the first is its reference)."""
+    def curves(name):
+        return {seed: dict(r["curve"]) for seed, r in records.get(name, {}).items()}
+    ref = curves(names[0])
+    fig, (ax, dax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    low = []
+    for name in names:
+        runs = curves(name)
+        if not runs:
+            continue
+        iters = sorted(set.intersection(*(set(c) for c in runs.values())))
+        mean = [statistics.fmean(c[i] for c in runs.values()) for i in iters]
+        n = len(runs)
+        ax.plot(iters, mean, label=f"{name} ({n} seed{'s' * (n > 1)})", lw=1.4, **line_style(name))
+        low += mean[1:]  # the first eval (at init) would squash the rest of the curve
+        seeds = sorted(set(runs) & set(ref))
+        if name != names[0] and seeds:
+            both = [i for i in iters if all(i in ref[s] for s in seeds)]
+            diff = [statistics.fmean(runs[s][i] - ref[s][i] for s in seeds) for i in both]
+            dax.plot(both, diff, lw=1.4, **line_style(name))
+    if not low:
+        plt.close(fig)
+        return False
+    ax.set_ylim(min(low) - 0.02, max(low) + 0.02)
+    ax.set_title("val loss (mean over seeds)")
+    ax.set_ylabel("val loss (nats)")
+    ax.legend(fontsize=7, loc="upper right")
+    dax.axhline(0, color=COLORS[REFERENCE], lw=1)
+    dax.set_title(f"paired Δ to {REFERENCE}, mean over seeds (< 0: better)")
+    dax.set_ylabel("Δ val loss (nats)")
+    later = [i for n in names for rec in records.get(n, {}).values() for i, _ in rec["curve"] if i > 0]
+    for a in (ax, dax):
+        if later:
+            a.set_xlim(left=min(later))  # leave out the eval at init: every run starts near log(vocab_size)
+        a.set_xlabel("iteration")
+        a.grid(alpha=0.3)
+    save(fig, path)
+    return True
+
+
+def route_order(routes):
+    """Heatmap rows: the sublayer routes in depth order, each rd value route under its attention route, 'out' last."""
+    rows = []
+    for r in sublayer_routes(routes):
+        rows.append(r)
+        if r + ".v" in routes:
+            rows.append(r + ".v")
+    return rows + (["out"] if "out" in routes else [])
+
+
+def plot_routing(name, summary, path):
+    """Heatmap of one run's depth routing: rows are routes, columns sources, cells the mean weight."""
+    weights = summary["weights"]
+    rows = route_order(weights)
+    m = max(len(w) for w in weights.values())
+    grid = np.full((len(rows), m), np.nan)  # a source a route does not have stays NaN: drawn grey
+    for i, r in enumerate(rows):
+        grid[i, :len(weights[r])] = weights[r]
+    per_sublayer = not blocks(name)
+    # source 0 is the embedding; source i is sublayer i-1's output (per-sublayer) or block i's (blocks)
+    labels = (["emb"] + sublayer_routes(weights))[:m] if per_sublayer else ["emb"] + [f"block {k}" for k in range(1, m)]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.62 * m, 0.9 + 0.36 * len(rows)))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    for (i, j), w in np.ndenumerate(grid):
+        if not np.isnan(w):
+            ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=7, color="white" if w < 0.6 else "black")
+    ax.set_xticks(range(m), labels, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_xlabel("source: the embedding, or the output of a " + ("sublayer" if per_sublayer else "block"))
+    ax.set_title(f"{name}: mean routing weight", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
+    save(fig, path)
+
+
+def plot_max_weight(summaries, path):
+    """The Delta paper's routing-collapse figure: max weight of each sublayer's route, attnres vs delta,
+    per-sublayer (solid) and block (dashed) routing; grey: a uniform route's 1/m."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    drawn = set()
+    for name, s in summaries.items():
+        if split_point(name)[1].split("/")[0] not in ("attnres", "delta"):
+            continue
+        routes = [r for r in sublayer_routes(s["weights"]) if r in s["max_weight"]]
+        x = [sublayer_routes(s["weights"]).index(r) for r in routes]
+        style = line_style(name)
+        ax.plot(x, [s["max_weight"][r] for r in routes], marker="o", ms=4, label=name, **style)
+        if style["linestyle"] not in drawn:  # 1/m for this granularity (the same m in attnres and delta)
+            drawn.add(style["linestyle"])
+            ax.plot(x, [1 / len(s["weights"][r]) for r in routes], color="grey", lw=1, linestyle=style["linestyle"],
+                    label=f"uniform 1/m ({'block' if style['linestyle'] == '--' else 'per-sublayer'})")
+    if not drawn:
+        plt.close(fig)
+        return False
+    names = sublayer_routes(next(iter(summaries.values()))["weights"])
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("max routing weight")
+    ax.set_title("max routing weight by depth (final eval, mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, path)
+    return True
+
+
+def comparisons(results):
+    """Every paired comparison of the grid by sweep value: {(run, reference): {value: paired}}, names
+    without their value ('rd/res_blocks=0', 'attnres/res_blocks=0'); value '' without a sweep."""
+    out = {}
+    for name, r in results["runs"].items():
+        point, kind = split_point(name)
+        for ref, p in r["paired"].items():
+            if p["n"]:
+                out.setdefault((kind, split_point(ref)[1]), {})[point] = p
+    return out
+
+
+def plot_sweep(results, path):
+    """The sweep's headline: paired Δ val loss at each swept value, mean over seeds with the paired std
+    as error bars. Left: every run vs standard; right: the papers' own comparisons (compare.PARENTS)."""
+    points, found = results["points"], comparisons(results)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, parents in zip(axes, (False, True)):
+        pairs = [(kind, ref) for kind, ref in found if (ref != REFERENCE) == parents]
+        for i, (kind, ref) in enumerate(pairs):
+            by_point = found[(kind, ref)]
+            x = [points.index(pt) + 0.04 * (i - (len(pairs) - 1) / 2) for pt in by_point]  # side by side, not on top
+            y = [p["diff_nats_mean"] for p in by_point.values()]
+            err = [p["diff_nats_std"] or 0.0 for p in by_point.values()]
+            ax.errorbar(x, y, yerr=err, ms=4, capsize=3, lw=1.4, **point_style(kind),
+                        label=kind if not parents else f"{kind} − {ref}")
+        ax.axhline(0, color=COLORS[REFERENCE], lw=1)
+        ax.set_xticks(range(len(points)), points)
+        ax.set_xlim(-0.5, len(points) - 0.5)
+        ax.grid(alpha=0.3)
+        ax.set_title("vs standard" if not parents else "the papers' comparisons: run − its parent")
+        if pairs:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("paired Δ val loss (nats, < 0: better)")
+    fig.suptitle("paired Δ val loss, mean ± std over seeds", fontsize=10)
+    save(fig, path)
+
+
+def plot_sweep_max_weight(results, path):
+    """The Delta paper's routing-collapse claim across the sweep: the deepest sublayer route's max
+    weight at each value, per routed run kind; grey: a uniform route's 1/m over the same sources."""
+    points = results["points"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    kinds, uniform = {}, {}
+    for name, r in results["runs"].items():
+        if r["routing"]:
+            point, kind = split_point(name)
+            routing = r["routing"]
+            kinds.setdefault(kind, {})[point] = routing["deep_max_weight"]
+            m = len(routing["weights"][routing["deepest"]])
+            uniform.setdefault("--" if blocks(name) else "-", {})[point] = 1 / m
+    for kind, by_point in kinds.items():
+        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), ms=5, label=kind,
+                **point_style(kind))
+    for style, by_point in uniform.items():
+        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), color="grey", lw=1, linestyle=style,
+                marker=".", label=f"uniform 1/m ({'block' if style == '--' else 'per-sublayer'})")
+    ax.set_xticks(range(len(points)), points)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("max weight of the deepest sublayer's route")
+    ax.set_title("deepest route's max weight (final eval, mean over seeds)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, path)
+
+
+# -----------------------------------------------------------------------------
+# across grids: Δ val loss against width at one depth
+
+def run_model(folder, name):
+    """The train.py settings a run of a grid trained with, from its runs/<name>/seed<k>/train_args.json
+    (any seed's: they differ only in --seed), its config file named from the repository root, where
+    compare.py runs."""
+    files = sorted((Path(folder) / "runs" / name).glob("seed*/train_args.json"))
+    if not files:
+        raise ValueError(f"{Path(folder) / 'runs' / name} has no seed*/train_args.json to read the run's model from")
+    args = [a if a.startswith("--") else str(ROOT / a) for a in json.loads(files[0].read_text())]
+    return configurator.configure(configurator.script_defaults(TRAIN), args, str(TRAIN))[0]
+
+
+def deltas_by_width(folders, n_layer):
+    """Every run's paired comparison with the reference at depth n_layer, from the results.json of grids
+    (folders compare.py wrote or published): {run kind: {n_embd: paired, with the run's n_head and grid}},
+    a kind without its sweep value ('rd/res_blocks=0'). Each folder must hold runs at that depth."""
+    out = {}
+    for folder in map(Path, folders):
+        if not (folder / "results.json").is_file():
+            raise ValueError(f"{folder} has no results.json: give folders compare.py wrote or published (e.g. docs/compare/depth)")
+        pairs = comparisons(json.loads((folder / "results.json").read_text()))
+        depths = set()
+        for point, kind, paired in [(pt, kind, p) for (kind, ref), by_point in pairs.items() if ref == REFERENCE
+                                    for pt, p in by_point.items()]:
+            model = run_model(folder, f"{point}/{kind}" if point else kind)
+            depths.add(model["n_layer"])
+            if model["n_layer"] != n_layer:
+                continue
+            if model["n_embd"] in out.get(kind, {}):
+                raise ValueError(f"{kind} at n_embd={model['n_embd']}, n_layer={n_layer} is in both "
+                                 f"{out[kind][model['n_embd']]['grid']} and {folder}: give one of them")
+            out.setdefault(kind, {})[model["n_embd"]] = dict(paired, n_head=model["n_head"], grid=str(folder))
+        if n_layer not in depths:
+            held = f"its runs have n_layer={','.join(map(str, sorted(depths)))}" if depths else "no run compared with standard yet"
+            raise ValueError(f"{folder} has no runs at n_layer={n_layer} ({held})")
+    return out
+
+
+def plot_width(deltas, n_layer, path):
+    """Paired Δ val loss to the reference against n_embd (log scale) at depth n_layer, mean ± std over
+    seeds (no bar: one seed), a line per run kind measured at two widths or more. Returns those kinds."""
+    kinds = [kind for kind, by_width in deltas.items() if len(by_width) > 1]
+    if not kinds:
+        raise ValueError(f"no run kind was measured at two widths at n_layer={n_layer}: no line to draw")
+    widths = sorted({w for kind in kinds for w in deltas[kind]})
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, kind in enumerate(kinds):
+        by_width = sorted(deltas[kind].items())
+        shift = 2 ** (0.015 * (i - (len(kinds) - 1) / 2))  # side by side on the log axis, not on top
+        seeds = ", ".join(str(p["n"]) for _, p in by_width)
+        ax.errorbar([w * shift for w, _ in by_width], [p["diff_nats_mean"] for _, p in by_width],
+                    yerr=[p["diff_nats_std"] or 0.0 for _, p in by_width], ms=4, capsize=3, lw=1.4,
+                    label=f"{kind} (seeds: {seeds})", **point_style(kind))
+    ax.axhline(0, color=COLORS[REFERENCE], lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.minorticks_off()
+    ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.3)
+    ax.set_xlabel("n_embd (model width)")
+    ax.set_ylabel(f"paired Δ val loss to {REFERENCE} (nats, < 0: better)")
+    ax.set_title(f"paired Δ val loss vs {REFERENCE} at n_layer={n_layer}, mean ± std over seeds", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, path)
+    return kinds
+
+
+def width_table(deltas, kinds):
+    """The numbers plot_width draws, in markdown: a row per run kind and width."""
+    lines = ["| run | n_embd | n_head | Δ val (nats) | wins | grid |", "|" + " --- |" * 6]
+    for kind in kinds:
+        for width, p in sorted(deltas[kind].items()):
+            std = "" if p["diff_nats_std"] is None else f" ± {p['diff_nats_std']:.4f}"
+            lines.append(f"| {kind} | {width} | {p['n_head']} | {p['diff_nats_mean']:+.4f}{std} | {p['wins']}/{p['n']} | {p['grid']} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("figure", choices=["width"], help="the figure to draw")
+    parser.add_argument("folders", nargs="+", help="grids compare.py wrote or published, each with results.json and runs/")
+    parser.add_argument("--n_layer", type=int, required=True, help="the depth at which widths are compared")
+    parser.add_argument("--out", default="delta_vs_width.png", help="the PNG to write (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    deltas = deltas_by_width(args.folders, args.n_layer)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    kinds = plot_width(deltas, args.n_layer, args.out)
+    print(f"paired Δ val loss to {REFERENCE} at n_layer={args.n_layer} (nats, run − {REFERENCE}, mean ± std over seeds; wins/seeds):")
+    print(width_table(deltas, kinds))
+    once = [f"{kind} (n_embd={', '.join(map(str, deltas[kind]))})" for kind in deltas if kind not in kinds]
+    if once:
+        print(f"at one width only, not drawn: {'; '.join(once)}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as e:
+        die(e)

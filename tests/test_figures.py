@@ -1,0 +1,106 @@
+"""
+figures.py: the styles compare.py's pictures share, and the width figure: the paired Δ val loss read
+from grids as compare.py publishes them (results.json, each run's train_args.json), its errors, its
+command line. compare.py's own pictures, drawn through write_results: test_compare.py.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import compare
+import figures
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "config/train_shakespeare_char.py"  # 4 layers, 4 heads, 128 wide; named as compare.py records it
+
+
+def write_grid(folder, passthrough, finals):
+    """A grid as compare.py publishes it: results.json from compare.aggregate of these final val losses
+    ({run name: [one per seed]}), and each run's train_args.json as compare.py writes it."""
+    names = list(finals)
+    records = {name: {seed: dict(val_loss=v, elapsed_s=None, commit=None, curve=[], routing=None, scores={})
+                      for seed, v in enumerate(finals[name])} for name in names}
+    for name in names:
+        for seed in records[name]:
+            run_dir = folder / "runs" / name / f"seed{seed}"
+            run_dir.mkdir(parents=True)
+            args = compare.train_args(CONFIG, run_dir, seed, name, passthrough)
+            (run_dir / "train_args.json").write_text(json.dumps(args) + "\n")
+    results = dict(reference=compare.REFERENCE, runs=compare.aggregate(records, names))
+    (folder / "results.json").write_text(json.dumps(results) + "\n")
+    return folder
+
+
+@pytest.fixture
+def grids(tmp_path):
+    """A depth grid at the config's width (n_layer=2,4) and a width grid (n_embd=256 at 4 layers, 8 heads)
+    whose runs have fewer seeds, as the published depth and width grids are."""
+    depth = write_grid(tmp_path / "depth", [], {
+        "n_layer=2/standard": [2.00, 2.10, 2.05], "n_layer=2/rd/res_blocks=0": [1.90, 2.00, 2.00],
+        "n_layer=4/standard": [1.90, 1.95, 2.00], "n_layer=4/rd/res_blocks=0": [1.85, 1.93, 1.96],
+        "n_layer=4/delta/res_blocks=0": [1.91, 1.94, 2.02]})
+    width = write_grid(tmp_path / "width", ["--n_layer=4", "--n_head=8"], {
+        "n_embd=256/standard": [1.80, 1.84], "n_embd=256/rd/res_blocks=0": [1.70, 1.80],
+        "n_embd=256/attnres/res_blocks=4": [1.78]})
+    return depth, width
+
+
+def test_block_routing_is_dashed_with_square_markers():
+    """Block routing (res_blocks > 0) is drawn dashed with squares, with or without a sweep value in its name."""
+    assert figures.line_style("n_layer=16/rd/res_blocks=4") == dict(color="tab:green", linestyle="--")
+    assert figures.point_style("rd/res_blocks=4")["marker"] == "s"
+    assert figures.point_style("n_embd=256/attnres/res_blocks=0") == dict(color="tab:blue", linestyle="-", marker="o")
+    assert figures.line_style("standard") == dict(color="black", linestyle="-")
+
+
+def test_width_deltas_are_read_from_results_and_train_args(grids):
+    """Each run's Δ to standard at the asked depth, its width and heads read from its train_args.json (the
+    config file's 128 where no argument sets n_embd); a kind at one width is kept but not drawn."""
+    depth, width = grids
+    deltas = figures.deltas_by_width([depth, width], 4)
+    assert {kind: sorted(d) for kind, d in deltas.items()} == {
+        "rd/res_blocks=0": [128, 256], "delta/res_blocks=0": [128], "attnres/res_blocks=4": [256]}
+    rd = deltas["rd/res_blocks=0"]
+    assert rd[128]["diff_nats"] == pytest.approx([-0.05, -0.02, -0.04])
+    assert rd[128]["diff_nats_mean"] == pytest.approx(statistics.fmean([-0.05, -0.02, -0.04]))
+    assert rd[256]["diff_nats_mean"] == pytest.approx(-0.07) and rd[256]["diff_nats_std"] == pytest.approx(0.04243, abs=1e-5)
+    assert (rd[128]["n_head"], rd[256]["n_head"], rd[256]["n"], rd[256]["grid"]) == (4, 8, 2, str(width))
+    block = deltas["attnres/res_blocks=4"][256]
+    assert block["diff_nats_mean"] == pytest.approx(-0.02) and block["diff_nats_std"] is None  # one seed: no std
+    assert set(figures.deltas_by_width([depth], 2)) == {"rd/res_blocks=0"}
+
+
+def test_width_errors_name_the_folder(grids, tmp_path):
+    """A folder without results.json, a depth a grid lacks, or one run in two grids: a one-line reason."""
+    depth, width = grids
+    with pytest.raises(ValueError, match=r"^nowhere has no results.json"):
+        figures.deltas_by_width([depth, "nowhere"], 4)
+    with pytest.raises(ValueError, match=rf"^{depth} has no runs at n_layer=3 \(its runs have n_layer=2,4\)$"):
+        figures.deltas_by_width([depth, width], 3)
+    with pytest.raises(ValueError, match=rf"^{width} has no runs at n_layer=2 \(its runs have n_layer=4\)$"):
+        figures.deltas_by_width([depth, width], 2)
+    with pytest.raises(ValueError, match="rd/res_blocks=0 at n_embd=128, n_layer=4 is in both"):
+        figures.deltas_by_width([depth, depth], 4)
+    with pytest.raises(ValueError, match="no run kind was measured at two widths"):
+        figures.plot_width(figures.deltas_by_width([depth], 4), 4, tmp_path / "x.png")
+
+
+def test_width_command_writes_the_png_and_prints_its_numbers(grids, tmp_path):
+    """`python figures.py width ...` writes the PNG (its folder made) and prints the drawn numbers; an error is one line."""
+    depth, width = grids
+    out = tmp_path / "figs" / "delta_vs_width.png"
+    run = subprocess.run([sys.executable, str(ROOT / "figures.py"), "width", str(depth), str(width), "--n_layer=4",
+                          f"--out={out}"], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"| rd/res_blocks=0 | 128 | 4 | -0.0367 ± 0.0153 | 3/3 | {depth} |" in run.stdout
+    assert f"| rd/res_blocks=0 | 256 | 8 | -0.0700 ± 0.0424 | 2/2 | {width} |" in run.stdout
+    assert "at one width only, not drawn: delta/res_blocks=0 (n_embd=128); attnres/res_blocks=4 (n_embd=256)" in run.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "figures.py"), "width", str(depth), "--n_layer=3", f"--out={out}"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stderr == f"error: {depth} has no runs at n_layer=3 (its runs have n_layer=2,4)\n"
