@@ -56,7 +56,7 @@ def parse_args():
     p.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help="auto as in train.py")
     p.add_argument("--peak_tflops", type=float, default=0.0, help="MFU's peak, TFLOP/s (default: as train.py)")
     p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False,
-                   help="torch.compile every model's training step (decoding stays eager)")
+                   help="torch.compile every model's training step, and apart from it its one-token decode step")
     p.add_argument("--fused_route", default="auto", type=lambda s: s if s == "auto" else boolean(s),
                    help="auto (the fused Triton route on CUDA) | true | false (model.py's plain route)")
     p.add_argument("--bf16_sources", type=boolean, nargs="?", const=True, default=True,
@@ -125,11 +125,12 @@ class Row:
         self.model.fused_route, self.model.bf16_sources = args.fused_route, args.bf16_sources
         self.name, self.reference, self.args, self.ctx = name, reference, args, ctx
         self.optimizer = self.model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), args.device.split(":")[0])
-        # --compile: the training step only, one graph (and its backward). Compiling the model for
-        # decoding too would add a prefill graph and a decode graph to compile per row, for launches
-        # that a one-token step with a growing cache cannot make into one CUDA graph anyway
+        # --compile: two compiled callables, the training step (one graph and its backward) and the
+        # one-token decode step (one graph for every position, a CUDA graph on a GPU); the prefill
+        # stays eager, since every prompt length would be a graph of its own
         self.train_forward = torch.compile(self.model) if args.compile else self.model
-        self.compile_s = None  # seconds of the first (compiling) training step, with --compile
+        self.decode_step = self.model.compile_decoding() if args.compile else lambda t, c: self.model(t, cache=c)[0]
+        self.compile_s = {}  # phase -> seconds of its first (compiling) call, with --compile
         g = torch.Generator().manual_seed(0)
         B, T, V = args.batch_size, args.block_size, args.vocab_size
         self.x = torch.randint(0, V, (B, T), generator=g).to(args.device)
@@ -163,7 +164,7 @@ class Row:
             t0 = time.perf_counter()
             for _ in range(n_tokens):
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
-                logits, _ = self.model(token, cache=cache)
+                logits = self.decode_step(token, cache)
             synchronize(self.args.device)
         self.times["decode"].append((time.perf_counter() - t0) / n_tokens)
         self.model.train()
@@ -295,10 +296,13 @@ def main():
         t0 = time.perf_counter()
         row.train_step()
         synchronize(args.device)
+        row.compile_s["train"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        row.time_decode(3)  # compiles the decode step; a CUDA graph is recorded at its second call
+        row.compile_s["decode"] = time.perf_counter() - t0
         if args.compile:
-            row.compile_s = time.perf_counter() - t0
-            print(f"compiled {row.name}'s training step in {row.compile_s:.0f} s", flush=True)
-        row.time_decode(2)
+            print(f"compiled {row.name}: training step {row.compile_s['train']:.0f} s, "
+                  f"decode step {row.compile_s['decode']:.0f} s", flush=True)
         row.measure_memory()
     for _ in range(args.rounds):  # interleaved: every row runs once per round
         for row in bench:
@@ -316,7 +320,7 @@ def main():
             tok_s = tokens_per_step[phase] / t
             results.append({"name": row.name, "phase": phase, "tokens_per_s": tok_s, "ratio": ref_t / t,
                             "reference": row.reference, "peak_mem_mb": row.peak_mem, "mfu": flops * tok_s / peak,
-                            "compile_s": row.compile_s if phase == "train" else None})
+                            "compile_s": row.compile_s[phase] if args.compile else None})
     for row in results:  # memory ratio, training only
         if row["phase"] == "train":
             row["mem_ratio"] = row["peak_mem_mb"] / by_name[row["reference"]].peak_mem

@@ -152,23 +152,42 @@ def linear_rows(linear, x, rows):
 # -----------------------------------------------------------------------------
 # The backbone: GPT-2's attention, MLP and block, with GPT-2's parameter names
 
-class LayerKVCache:
-    """Keys and values of the positions seen so far by one attention layer, for incremental decoding."""
+class KVCache:
+    """Keys and values of the positions seen so far, for incremental decoding. Every buffer has its
+    final shape from the start ([B, nh, max_len, hs] per layer, zeros where nothing is written yet)
+    and the number of positions written is a tensor, `position`: a one-token step then has the
+    same shapes and the same Python at every position, so torch.compile makes one decode graph
+    (and on a GPU one CUDA graph, which needs the buffers to keep their addresses). The price is
+    that attention reads all max_len slots, masked, where it could read the written ones (eager on a
+    CPU it does, where that is what a step costs)."""
 
-    def __init__(self, max_len):
+    def __init__(self, n_layer, max_len, device):
         self.max_len = max_len
-        self.k = self.v = None
-        self.length = 0
+        self.k, self.v = [None] * n_layer, [None] * n_layer
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        if self.position.is_cuda:  # CUDA graphs may update an input in place only at an address that never changes
+            torch._dynamo.mark_static_address(self.position)
 
-    def append(self, k, v):
-        B, nh, T, hs = k.shape
-        if self.k is None:  # allocate on first use, in the dtype the model computes in (autocast or not)
-            self.k = k.new_empty(B, nh, self.max_len, hs)
-            self.v = v.new_empty(B, nh, self.max_len, hs)
-        self.k[:, :, self.length:self.length + T] = k
-        self.v[:, :, self.length:self.length + T] = v
-        self.length += T
-        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+    def write(self, layer, k, v, pos):
+        """Store k, v [B, nh, T, hs] of positions pos [T]; returns every slot's keys and values, and
+        which slots each new position sees ([T, max_len], True = attend)."""
+        if self.k[layer] is None:  # allocate on first use, in the dtype the model computes in (autocast or not)
+            B, nh, _, hs = k.shape
+            # zeros, not empty: masked slots still enter the attention matmuls, and 0 x NaN is NaN
+            self.k[layer] = k.new_zeros(B, nh, self.max_len, hs)
+            self.v[layer] = v.new_zeros(B, nh, self.max_len, hs)
+            if k.is_cuda:
+                torch._dynamo.mark_static_address(self.k[layer])
+                torch._dynamo.mark_static_address(self.v[layer])
+        self.k[layer].index_copy_(2, pos, k)
+        self.v[layer].index_copy_(2, pos, v)
+        visible = torch.arange(self.max_len, device=pos.device) <= pos[:, None]  # causal, and nothing unwritten
+        if k.device.type == "cpu" and not torch.compiler.is_compiling():
+            # eager on a CPU, attention over every slot is what a step pays for (8 x 256 model, batch 8, 16-64
+            # positions written of 256: 15.1 ms a token, 12.4 ms over the written ones): read those
+            n = int(pos[-1]) + 1
+            return self.k[layer][:, :, :n], self.v[layer][:, :, :n], visible[:, :n]
+        return self.k[layer], self.v[layer], visible
 
 
 class CausalSelfAttention(nn.Module):
@@ -182,7 +201,8 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
 
-    def forward(self, x, x_v=None, cache=None):
+    def forward(self, x, x_v=None, cache=None, layer=None, pos=None):
+        """cache: a KVCache, with this attention's layer index and the positions pos [T] of x's tokens."""
         B, T, C = x.size()
         if x_v is None:
             q, k, v = self.c_attn(x).split(C, dim=2)
@@ -193,16 +213,10 @@ class CausalSelfAttention(nn.Module):
             q, k = linear_rows(self.c_attn, x, slice(0, 2 * C)).split(C, dim=2)
             v = linear_rows(self.c_attn, x_v, slice(2 * C, 3 * C))
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        past = 0
+        mask, is_causal = None, True
         if cache is not None:
-            past = cache.length
-            k, v = cache.append(k, v)
-        if past == 0:
-            mask, is_causal = None, True
-        elif T == 1:
-            mask, is_causal = None, False  # one new token may see every cached position
-        else:
-            mask, is_causal = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past), False
+            k, v, mask = cache.write(layer, k, v, pos)
+            is_causal = False
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
             # PyTorch's CPU flash attention is slower in bf16 than in fp32 (docs/speed.md, "Measurements
             # behind the code"), while the projections around it gain from bf16: attend in fp32
@@ -243,8 +257,8 @@ class Block(nn.Module):
             # the RD paper's control: a value route that never learns reads a uniform mix of its sources
             self.attn_res_query_v.requires_grad_(not config.fixed_value_route)
 
-    def attn_sublayer(self, x, x_v=None, cache=None):
-        return self.attn(self.ln_1(x), None if x_v is None else self.ln_1(x_v), cache)
+    def attn_sublayer(self, x, x_v=None, cache=None, layer=None, pos=None):
+        return self.attn(self.ln_1(x), None if x_v is None else self.ln_1(x_v), cache, layer, pos)
 
     def mlp_sublayer(self, x):
         return self.mlp(self.ln_2(x))
@@ -487,14 +501,15 @@ class GPT(nn.Module):
 
     def make_cache(self):
         """An empty key-value cache for incremental decoding (see generate)."""
-        return [LayerKVCache(self.config.block_size) for _ in range(self.config.n_layer)]
+        return KVCache(self.config.n_layer, self.config.block_size, self.lm_head.weight.device)
 
     def forward(self, idx, targets=None, cache=None, collect_routing=False):
         device = idx.device
         b, t = idx.size()
-        past = 0 if cache is None else cache[0].length
-        assert past + t <= self.config.block_size, f"cannot forward {past + t} positions, block_size is {self.config.block_size}"
-        pos = torch.arange(past, past + t, dtype=torch.long, device=device)
+        assert t <= self.config.block_size, f"cannot forward {t} positions, block_size is {self.config.block_size}"
+        pos = torch.arange(t, dtype=torch.long, device=device)
+        if cache is not None:  # after the positions already cached (past the cache's end, index_copy_ raises)
+            pos = pos + cache.position
 
         e = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         mode, L = self.config.residual, self.config.n_layer
@@ -516,7 +531,7 @@ class GPT(nn.Module):
                 x = depth.route(row[sublayer])  # attnres, rd: x_j = route(w_j, sources)
             if j % 2 == 0:
                 x_v = depth.route(row[sublayer + ".v"]) if mode == "rd" else None  # rd: x_v = route(w_v, sources)
-                out = block.attn_sublayer(x, x_v, None if cache is None else cache[j // 2])
+                out = block.attn_sublayer(x, x_v, cache, j // 2, pos)
             else:
                 out = block.mlp_sublayer(x)
             if not replaces_stream:
@@ -527,6 +542,8 @@ class GPT(nn.Module):
                     depth.end_block()  # p becomes b_k (attnres) or D_k (delta)
         if replaces_stream:
             h = depth.route(row["out"])  # the output route, over all completed sources
+        if cache is not None:
+            cache.position += t  # in place: a compiled decode step keeps reading the same tensor
         if depth is not None and collect_routing:
             self.last_routing = routing_stats(depth.weights, self.route_names(), mode)
         x = self.transformer.ln_f(h)
@@ -596,21 +613,42 @@ class GPT(nn.Module):
                 m.fold_dlr()
         self.config.dlr = False
 
+    def compile_decoding(self):
+        """A compiled one-token step, step(idx, cache) -> logits, separate from any compiled training
+        forward. The cache's shapes never change, so every position runs the same graph (fullgraph:
+        a graph break is an error, not a silent slowdown); on a GPU it is replayed as a CUDA graph
+        (mode="reduce-overhead"), because one-token decoding is launch-bound: a routed sublayer
+        launches about 15 small kernels where a residual add launches one."""
+        cuda = self.lm_head.weight.is_cuda
+        compiled = torch.compile(self, mode="reduce-overhead" if cuda else None, dynamic=False, fullgraph=True)
+
+        def step(idx, cache):
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are used up: their memory may be reused
+            logits, _ = compiled(idx, cache=cache)
+            return logits
+        return step
+
     @torch.no_grad()
-    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab_size=None):
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab_size=None,
+                        decode_step=None):
         """Continue idx (b, t), yielding each new token (b, 1) as soon as it is chosen (sample.py
         streams them). temperature=0 is greedy decoding. With the key-value cache each new token
-        costs one one-token forward; once the context is full the window slides, positions shift,
-        and the cache is rebuilt for every step (as without it). vocab_size: sample only ids below
-        it (a vocabulary padded for speed has ids no tokenizer can decode)."""
+        costs one one-token forward (decode_step, e.g. compile_decoding(), or the model itself); once
+        the context is full the window slides, positions shift, and the cache is rebuilt for every
+        step (as without it). vocab_size: sample only ids below it (a vocabulary padded for speed has
+        ids no tokenizer can decode)."""
         block_size = self.config.block_size
-        cache = None
+        decode_step = decode_step or (lambda token, cache: self(token, cache=cache)[0])
+        cache, cached = None, 0  # cached: positions in the cache (kept here, in Python, not read from it)
         for _ in range(max_new_tokens):
-            if cache is not None and cache[0].length < block_size:
-                logits, _ = self(idx[:, -1:], cache=cache)
+            if cache is not None and cached < block_size:
+                # a copy: a view of idx has strides that grow with it, and a compiled step guards on strides
+                logits = decode_step(idx[:, -1:].clone(memory_format=torch.contiguous_format), cache)
+                cached += 1
             else:
                 cache = self.make_cache() if use_cache else None
                 logits, _ = self(idx[:, -block_size:], cache=cache)
+                cached = min(idx.size(1), block_size)
             logits = logits[:, -1, :vocab_size]
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)

@@ -7,6 +7,7 @@ key-value cache, not a pass over the whole context.
     python sample.py --ckpt=out/folded.pt --start=FILE:prompt.txt --temperature=0
     python sample.py --init_from=gpt2 --start="The meaning of life is"
     python sample.py --out_dir=out --routing --num_samples=0     # only where each sublayer routes
+    python sample.py --device=cuda --compile                     # a compiled one-token step (CUDA graphs)
 
 The tokenizer is the one the training data's meta.json names (stored in the checkpoint):
 "bytes" or "gpt2". With --routing, one forward over the prompt first prints, for each route,
@@ -44,6 +45,8 @@ def parse_args(argv=None):
                    help="autocast dtype (weights stay float32); auto as in train.py")
     p.add_argument("--cache", type=boolean, nargs="?", const=True, default=True,
                    help="use the key-value cache (--cache=False: a full forward per token, for comparison)")
+    p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False,
+                   help="torch.compile the one-token step (one graph for every position; a CUDA graph on a GPU)")
     p.add_argument("--routing", type=boolean, nargs="?", const=True, default=False,
                    help="print the routing table of the prompt before sampling")
     args = p.parse_args(argv)
@@ -139,12 +142,13 @@ def main(argv=None):
         print("---------------")
 
     top_k = args.top_k if args.top_k > 0 else None
+    decode_step = model.compile_decoding() if args.compile and args.cache else None  # compiles at its first token
     for _ in range(args.num_samples):
         print(tokenizer.decode(ids), end="", flush=True)
         decoder = StreamDecoder(tokenizer)
         with ctx:
             for token in model.generate_tokens(x, args.max_new_tokens, args.temperature, top_k,
-                                         args.cache, tokenizer.vocab_size):
+                                               args.cache, tokenizer.vocab_size, decode_step):
                 print(decoder.push(token.item()), end="", flush=True)
         print(decoder.flush())
         print("---------------")

@@ -476,7 +476,71 @@ def test_cached_forward_matches_full_forward():
     for t in range(7, 12):
         step, _ = model(idx[:, t:t + 1], cache=cache)
         assert max_diff(step[:, 0], full[:, t]) < EXACT
-    assert cache[0].length == 12
+    assert cache.position.item() == 12
+
+
+def test_cache_keeps_its_shapes():
+    """The cache's buffers are allocated once at their full size and written in place: a compiled
+    decode step can hold on to them (CUDA graphs need fixed addresses)."""
+    model = make_model(residual="attnres")
+    cache = model.make_cache()
+    model(batch(t=5), cache=cache)
+    buffers = [(k.data_ptr(), v.data_ptr()) for k, v in zip(cache.k, cache.v)]
+    assert all(k.shape == (3, model.config.n_head, model.config.block_size, model.config.n_embd // model.config.n_head)
+               for k in cache.k)
+    model(batch(t=1), cache=cache)
+    assert [(k.data_ptr(), v.data_ptr()) for k, v in zip(cache.k, cache.v)] == buffers
+
+
+def test_cache_overflow_is_an_error():
+    """Decoding past block_size with a cache is an error, not a silent wrap-around."""
+    model = make_model(residual="standard")
+    cache = model.make_cache()
+    model(batch(t=model.config.block_size), cache=cache)
+    with pytest.raises(IndexError):
+        model(batch(t=1), cache=cache)
+
+
+class CountingBackend:
+    """A torch.compile backend that runs each captured graph as it is and counts the graphs: how
+    many times dynamo compiled, without paying for Inductor."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.mark.parametrize("mode,res_blocks", [("standard", 0), ("attnres", 0), ("delta", 2), ("rd", 0), ("rd", 2)])
+def test_compiled_decoding_is_one_graph(mode, res_blocks):
+    """Generation with a compiled one-token step: one graph without graph breaks (fullgraph) for
+    every position and for each new cache as the window slides, and the eager model's tokens."""
+    torch._dynamo.reset()
+    model = make_model(residual=mode, res_blocks=res_blocks, exact=False)
+    backend = CountingBackend()
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
+    decode_step = lambda token, cache: compiled(token, cache=cache)[0]
+    prompt = batch(b=1, t=5)  # one row: idx[:, -1:] then counts as contiguous whatever its strides
+    steps = model.config.block_size + 10  # past block_size: the window slides, the cache is rebuilt
+    tokens = torch.cat(list(model.generate_tokens(prompt, steps, temperature=0, decode_step=decode_step)), dim=1)
+    assert torch.equal(tokens, torch.cat(list(model.generate_tokens(prompt, steps, temperature=0)), dim=1))
+    assert backend.graphs == 1
+
+
+@pytest.mark.parametrize("mode,res_blocks", [("standard", 0), ("attnres", 0), ("delta", 2), ("rd", 2)])
+def test_compiled_training_forward_is_one_graph(mode, res_blocks):
+    """The training forward compiles without graph breaks, once for repeated steps."""
+    torch._dynamo.reset()
+    model = make_model(residual=mode, res_blocks=res_blocks, exact=False).train()
+    backend = CountingBackend()
+    step = torch.compile(model, backend=backend, fullgraph=True)
+    idx = batch(t=16)
+    for _ in range(2):
+        _, loss = step(idx, targets=idx)
+        loss.backward()
+    assert backend.graphs == 1
 
 
 # -----------------------------------------------------------------------------

@@ -217,6 +217,15 @@ def test_cache_flag_gives_the_same_greedy_text(tmp_path, capsys):
     assert with_cache == without and with_cache[0] == 0
 
 
+def test_compiled_decoding_gives_the_same_greedy_text(tmp_path, capsys):
+    """--compile (Inductor's one-token step over the fixed-size cache) writes the eager text."""
+    torch._dynamo.reset()
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd", res_blocks=2)
+    eager = run(sample, ["--ckpt", ckpt, "--max_new_tokens=20", "--num_samples=1"] + GREEDY, capsys)
+    compiled = run(sample, ["--ckpt", ckpt, "--max_new_tokens=20", "--num_samples=1", "--compile"] + GREEDY, capsys)
+    assert compiled == eager and eager[0] == 0
+
+
 # -----------------------------------------------------------------------------
 # sample.py: decoding as tokens stream in
 

@@ -35,7 +35,7 @@ def test_summary_counts_tests_and_reads_every_part(tmp_path):
     (tmp_path / "parts.txt").write_text("tests 1 130\nroute 0 25\ntests 0 95\n")
     write_train_log(tmp_path / "train_delta", 1000.0)
     rows = [dict(name=n, phase=p, ratio=r, tokens_per_s=100 * r, mem_ratio=1.1, peak_mem_mb=10.0, mfu=0.1,
-                 compile_s=20.0 if p == "train" else None)
+                 compile_s=20.0 if p == "train" else 3.0)
             for n, r in (("standard", 1.0), ("rd/res_blocks=4", 0.5)) for p in ("train", "decode")]
     (tmp_path / "bench_eager_fused.json").write_text(json.dumps(dict(fused_route=True, compile=False, rows=rows)))
     gpu_summary.main(tmp_path)
@@ -46,7 +46,7 @@ def test_summary_counts_tests_and_reads_every_part(tmp_path):
                                                    mfu=0.25, val_loss=2.5)
     assert summary["train"]["train_rd_dlr"] is None and summary["bench_eager_plain"] is None
     row = summary["bench_eager_fused"]["rows"]["rd/res_blocks=4"]
-    assert row["train_ratio"] == 0.5 and row["decode_ratio"] == 0.5 and row["compile_s"] == 20.0
+    assert row["train_ratio"] == 0.5 and row["decode_ratio"] == 0.5 and row["train_compile_s"] == 20.0 and row["decode_compile_s"] == 3.0
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "bf16_sources_check.sh"])

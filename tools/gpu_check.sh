@@ -12,9 +12,10 @@
 #   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
 #           route, then with model.py's plain route, side by side within each run
 #   route   one route over 25 sources against its memory-traffic floor (python route_kernels.py)
-# and, when named (~3 minutes more):
-#   compiled  bench.py --compile on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4,
-#             with each row's compile time
+# and, when named (~4 minutes more):
+#   compiled  bench.py --compile on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
+#             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
+#             compile times, and what recompiled or broke a graph (TORCH_LOGS); sample.py --compile
 # Each part has a time limit, and a failed part does not stop the others: the summary says which passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,8 +67,11 @@ if wants route; then
   part route 60 python3 route_kernels.py --json="$out/route.json"
 fi
 if wants compiled; then
-  part bench_compiled 300 python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \
+  part bench_compiled 360 env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \
     --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile --json="$out/bench_compiled_fused.json" \
     --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0
+  if [[ -f "$out/train_delta/ckpt.pt" ]]; then
+    part sample_compiled 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200 --compile
+  fi
 fi
 python3 tools/gpu_summary.py "$out" | tee -a "$log"

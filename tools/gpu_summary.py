@@ -57,12 +57,12 @@ def bench(path):
         entry = rows.setdefault(r["name"], {})
         entry[f"{r['phase']}_ratio"] = round(r["ratio"], 3)
         entry[f"{r['phase']}_tokens_per_s"] = round(r["tokens_per_s"])
+        if r.get("compile_s") is not None:
+            entry[f"{r['phase']}_compile_s"] = round(r["compile_s"], 1)
         if r["phase"] == "train":
             entry["mem_ratio"] = round(r["mem_ratio"], 3)
             entry["peak_mem_mb"] = round(r["peak_mem_mb"])
             entry["mfu"] = round(r["mfu"], 4)
-            if r.get("compile_s") is not None:
-                entry["compile_s"] = round(r["compile_s"], 1)
     return {"fused_route": data.get("fused_route"), "compile": data["compile"], "rows": rows}
 
 
