@@ -52,8 +52,8 @@ DTYPES = (torch.float32, torch.bfloat16)  # source dtypes the kernels are tested
 # (32 float32 values per thread of each tile-sized temporary). Compiled by Triton 3.6 for sm_90 at
 # d = 768 with 25 sources (bf16 or fp32), this is 120-125 registers in the forward and 128 in the
 # backward, no spills: 4 programs (16 warps) per multiprocessor, 24 kB of loads in flight. Larger
-# tiles or more warps cost more registers than they add loads in flight (by ptxas's counts; the
-# choices are not yet timed against each other on a GPU).
+# tiles or more warps cost more registers than they add loads in flight (by ptxas's counts; not yet
+# timed against each other on a GPU: `python route_kernels.py --tiles=2048:4,8192:8` times others).
 TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
@@ -295,12 +295,39 @@ def fused_route(query, sources):
 # -----------------------------------------------------------------------------
 # Timing against the byte floor (GPU only)
 
-def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16):
+@contextlib.contextmanager
+def tile_shape(tile_elements, num_warps):
+    """Launch the kernels with another tile (TILE_ELEMENTS over NUM_WARPS warps) inside the block."""
+    global TILE_ELEMENTS, NUM_WARPS
+    saved = TILE_ELEMENTS, NUM_WARPS
+    TILE_ELEMENTS, NUM_WARPS = tile_elements, num_warps
+    try:
+        yield
+    finally:
+        TILE_ELEMENTS, NUM_WARPS = saved
+
+
+def parse_tiles(spec):
+    """'4096:4,8192:8' -> [(4096, 4), (8192, 8)]: tile elements (a power of two) and warps per program."""
+    tiles = []
+    for item in filter(None, spec.split(",")):
+        try:
+            elements, warps = (int(v) for v in item.split(":"))
+        except ValueError:
+            raise ValueError(f"--tiles item {item!r}: write ELEMENTS:WARPS, e.g. 4096:4") from None
+        if elements < 1 or elements & (elements - 1) or warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"--tiles item {item!r}: elements must be a power of two, warps 1, 2, 4, 8 or 16")
+        tiles.append((elements, warps))
+    return tiles
+
+
+def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     """Forward and forward+backward of fused_route against the plain route in eager PyTorch, on CUDA.
 
     The byte floor: the forward must read m sources and write the mix, (m + 1) B T d elements; the
     backward must read g, the mix and m sources and write m gradients, (2m + 2) B T d elements.
-    GB/s below is that floor divided by the measured time (the copy bandwidth is the ceiling).
+    GB/s below is that floor divided by the measured time; the ceiling is a plain copy of as many
+    bytes, timed beside it. tiles: other (tile elements, warps) to time the fused route with.
     """
     from model import reference_route
     assert torch.cuda.is_available(), "benchmark_route needs a CUDA GPU"
@@ -329,14 +356,29 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16):
     torch.cuda.synchronize()
     result["first_call_s"] = time.perf_counter() - start
     print(f"first call (compiles bucket {bucket(m)} both ways, unless cached): {result['first_call_s']:.1f} s")
-    for name, route in (("fused", fused_route), ("eager", eager)):
+    src = torch.empty(floor_fwd // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t_copy = triton.testing.do_bench(lambda: dst.copy_(src))  # reads half the forward's floor, writes the other half
+    result["copy_gb_s"] = floor_fwd / t_copy / 1e6
+    print(f"  copy: {floor_fwd / 1e6:.0f} MB moved in {t_copy:.3f} ms ({result['copy_gb_s']:6.0f} GB/s, the ceiling)")
+
+    def time_route(name, route):
         with torch.no_grad():
             t_fwd = triton.testing.do_bench(lambda: route(query, sources))
         t_all = triton.testing.do_bench(fwd_bwd(route))
-        result[name] = dict(fwd_ms=t_fwd, fwd_bwd_ms=t_all, fwd_gb_s=floor_fwd / t_fwd / 1e6,
-                            fwd_bwd_gb_s=(floor_fwd + floor_bwd) / t_all / 1e6)
         print(f"{name:>6}: forward {t_fwd:7.3f} ms ({floor_fwd / t_fwd / 1e6:6.0f} GB/s)   "
               f"forward+backward {t_all:7.3f} ms ({(floor_fwd + floor_bwd) / t_all / 1e6:6.0f} GB/s)")
+        return dict(fwd_ms=t_fwd, fwd_bwd_ms=t_all, fwd_gb_s=floor_fwd / t_fwd / 1e6,
+                    fwd_bwd_gb_s=(floor_fwd + floor_bwd) / t_all / 1e6)
+
+    for name, route in (("fused", fused_route), ("eager", eager)):
+        result[name] = time_route(name, route)
+    result["tiles"] = []
+    for elements, warps in tiles:  # each tile shape compiles its own kernels at its first call
+        with tile_shape(elements, warps):
+            fwd_bwd(fused_route)()
+            result["tiles"].append(dict(tile_elements=elements, num_warps=warps,
+                                        **time_route(f"{elements}:{warps}", fused_route)))
     return result
 
 
@@ -345,9 +387,15 @@ if __name__ == "__main__":
     import json
     parser = argparse.ArgumentParser(description="Time one fused route against its byte floor and the eager route (CUDA).")
     parser.add_argument("--m", type=int, default=25, help="sources (25: the output route of a 12-layer per-sublayer model)")
+    parser.add_argument("--tiles", default="", help="also time the fused route with these tiles, ELEMENTS:WARPS,... "
+                        f"(default tile: {TILE_ELEMENTS}:{NUM_WARPS})")
     parser.add_argument("--json", help="also write the timings to this file")
     args = parser.parse_args()
-    timings = benchmark_route(m=args.m)
+    try:
+        tiles = parse_tiles(args.tiles)
+    except ValueError as e:
+        parser.error(str(e))
+    timings = benchmark_route(m=args.m, tiles=tiles)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(timings, f, indent=1)

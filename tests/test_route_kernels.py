@@ -287,3 +287,22 @@ def test_auto_falls_back_to_the_plain_route_with_a_warning(monkeypatch):
     assert model.fused_route == "auto" and model.route_implementation(torch.device("cpu")) == (None, None)
     with pytest.warns(UserWarning, match="plain route on cuda"):
         assert model.route_implementation(torch.device("cuda")) == (None, None)
+
+
+@pytest.mark.parametrize("tile_elements, num_warps", [(64, 1), (256, 2), (1 << 15, 8)])
+def test_other_tiles_compute_the_same(tile_elements, num_warps):
+    """The tile shapes `python route_kernels.py --tiles` times (1 to 16 tokens a program here, the
+    backward's dL/dw summed over more or fewer tiles) all equal the reference."""
+    with kernels.tile_shape(tile_elements, num_warps):
+        launch = kernels._launch([torch.empty(3, 50, 24)])[2]  # d = 24: 32 columns a token
+        assert (launch["BLOCK_T"], launch["num_warps"]) == (min(16, tile_elements // 32), num_warps)
+        check_against_reference(5, 3, 50, 24, torch.float32, 1e-5, 1e-5)
+    assert (kernels.TILE_ELEMENTS, kernels.NUM_WARPS) == (4096, 4)  # restored
+
+
+def test_tiles_option_is_checked():
+    """--tiles takes ELEMENTS:WARPS items, elements a power of two; anything else is a one-line error."""
+    assert kernels.parse_tiles("4096:4,8192:8") == [(4096, 4), (8192, 8)]
+    for bad in ("4096", "3000:4", "4096:3", "a:b"):
+        with pytest.raises(ValueError, match="--tiles item"):
+            kernels.parse_tiles(bad)
