@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: what this project promises on one CUDA GPU, in one command, in about 6 minutes on a
+# The GPU check: what this project promises on one CUDA GPU, in one command, in about 7 minutes on a
 # fresh machine (much of it Python, CUDA and Triton starting up), into one log and one JSON summary:
 #
 #     tools/gpu_check.sh [OUT_DIR [PART ...]]    # default gpu_check/, every part; OUT_DIR/summary.json
