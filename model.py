@@ -165,12 +165,27 @@ class KVCache:
         self.max_len = max_len
         self.k, self.v = [None] * n_layer, [None] * n_layer
         self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.pos = self.visible = None  # the current forward's positions and visibility (see begin)
         if self.position.is_cuda:  # CUDA graphs may update an input in place only at an address that never changes
             torch._dynamo.mark_static_address(self.position)
 
-    def write(self, layer, k, v, pos):
-        """Store k, v [B, nh, T, hs] of positions pos [T]; returns every slot's keys and values, and
-        which slots each new position sees ([T, max_len], True = attend)."""
+    def begin(self, t):
+        """A forward of t new tokens starts: their positions [t] (after those written), and which
+        slots each of them sees once written (`visible`, [t, slots], True = attend: causal, nothing
+        unwritten), computed once here for every layer."""
+        self.pos = self.position + torch.arange(t, device=self.position.device)
+        self.position += t  # in place: a compiled decode step keeps reading the same tensor
+        slots = self.max_len
+        if self.pos.device.type == "cpu" and not torch.compiler.is_compiling():
+            # eager on a CPU, attention over every slot is what a step pays for: read only the written ones
+            # (docs/speed.md, "Measurements behind the code"); compiled, the shapes must not change
+            slots = int(self.position)
+        self.visible = torch.arange(slots, device=self.pos.device) <= self.pos[:, None]
+        return self.pos
+
+    def write(self, layer, k, v):
+        """Store one layer's k, v [B, nh, t, hs] at this forward's positions; returns the keys and
+        values of every slot the new positions may see."""
         if self.k[layer] is None:  # allocate on first use, in the dtype the model computes in (autocast or not)
             B, nh, _, hs = k.shape
             # zeros, not empty: masked slots still enter the attention matmuls, and 0 x NaN is NaN
@@ -179,15 +194,10 @@ class KVCache:
             if k.is_cuda:
                 torch._dynamo.mark_static_address(self.k[layer])
                 torch._dynamo.mark_static_address(self.v[layer])
-        self.k[layer].index_copy_(2, pos, k)
-        self.v[layer].index_copy_(2, pos, v)
-        visible = torch.arange(self.max_len, device=pos.device) <= pos[:, None]  # causal, and nothing unwritten
-        if k.device.type == "cpu" and not torch.compiler.is_compiling():
-            # eager on a CPU, attention over every slot is what a step pays for (8 x 256 model, batch 8, 16-64
-            # positions written of 256: 15.1 ms a token, 12.4 ms over the written ones): read those
-            n = int(pos[-1]) + 1
-            return self.k[layer][:, :, :n], self.v[layer][:, :, :n], visible[:, :n]
-        return self.k[layer], self.v[layer], visible
+        self.k[layer].index_copy_(2, self.pos, k)
+        self.v[layer].index_copy_(2, self.pos, v)
+        slots = self.visible.size(1)
+        return self.k[layer][:, :, :slots], self.v[layer][:, :, :slots]
 
 
 class CausalSelfAttention(nn.Module):
@@ -201,8 +211,8 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
 
-    def forward(self, x, x_v=None, cache=None, layer=None, pos=None):
-        """cache: a KVCache, with this attention's layer index and the positions pos [T] of x's tokens."""
+    def forward(self, x, x_v=None, cache=None, layer=None):
+        """cache: a KVCache (begun for this forward's tokens), with this attention's layer index."""
         B, T, C = x.size()
         if x_v is None:
             q, k, v = self.c_attn(x).split(C, dim=2)
@@ -215,8 +225,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         mask, is_causal = None, True
         if cache is not None:
-            k, v, mask = cache.write(layer, k, v, pos)
-            is_causal = False
+            k, v = cache.write(layer, k, v)
+            mask, is_causal = cache.visible, False
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
             # PyTorch's CPU flash attention is slower in bf16 than in fp32 (docs/speed.md, "Measurements
             # behind the code"), while the projections around it gain from bf16: attend in fp32
@@ -257,8 +267,8 @@ class Block(nn.Module):
             # the RD paper's control: a value route that never learns reads a uniform mix of its sources
             self.attn_res_query_v.requires_grad_(not config.fixed_value_route)
 
-    def attn_sublayer(self, x, x_v=None, cache=None, layer=None, pos=None):
-        return self.attn(self.ln_1(x), None if x_v is None else self.ln_1(x_v), cache, layer, pos)
+    def attn_sublayer(self, x, x_v=None, cache=None, layer=None):
+        return self.attn(self.ln_1(x), None if x_v is None else self.ln_1(x_v), cache, layer)
 
     def mlp_sublayer(self, x):
         return self.mlp(self.ln_2(x))
@@ -507,9 +517,8 @@ class GPT(nn.Module):
         device = idx.device
         b, t = idx.size()
         assert t <= self.config.block_size, f"cannot forward {t} positions, block_size is {self.config.block_size}"
-        pos = torch.arange(t, dtype=torch.long, device=device)
-        if cache is not None:  # after the positions already cached (past the cache's end, index_copy_ raises)
-            pos = pos + cache.position
+        # with a cache: after the positions already written (past the cache's end, wpe's lookup raises)
+        pos = torch.arange(t, dtype=torch.long, device=device) if cache is None else cache.begin(t)
 
         e = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         mode, L = self.config.residual, self.config.n_layer
@@ -531,7 +540,7 @@ class GPT(nn.Module):
                 x = depth.route(row[sublayer])  # attnres, rd: x_j = route(w_j, sources)
             if j % 2 == 0:
                 x_v = depth.route(row[sublayer + ".v"]) if mode == "rd" else None  # rd: x_v = route(w_v, sources)
-                out = block.attn_sublayer(x, x_v, cache, j // 2, pos)
+                out = block.attn_sublayer(x, x_v, cache, j // 2)
             else:
                 out = block.mlp_sublayer(x)
             if not replaces_stream:
@@ -542,8 +551,6 @@ class GPT(nn.Module):
                     depth.end_block()  # p becomes b_k (attnres) or D_k (delta)
         if replaces_stream:
             h = depth.route(row["out"])  # the output route, over all completed sources
-        if cache is not None:
-            cache.position += t  # in place: a compiled decode step keeps reading the same tensor
         if depth is not None and collect_routing:
             self.last_routing = routing_stats(depth.weights, self.route_names(), mode)
         x = self.transformer.ln_f(h)
