@@ -165,22 +165,27 @@ class KVCache:
         self.max_len = max_len
         self.k, self.v = [None] * n_layer, [None] * n_layer
         self.position = torch.zeros((), dtype=torch.long, device=device)
-        self.pos = self.visible = None  # the current forward's positions and visibility (see begin)
+        self.pos = self.visible = self.slots = self.from_empty = None  # the current forward's (see begin)
         if self.position.is_cuda:  # CUDA graphs may update an input in place only at an address that never changes
             torch._dynamo.mark_static_address(self.position)
 
     def begin(self, t):
         """A forward of t new tokens starts: their positions [t] (after those written), and which
         slots each of them sees once written (`visible`, [t, slots], True = attend: causal, nothing
-        unwritten), computed once here for every layer."""
+        unwritten; None for a prompt into an empty cache), computed once here for every layer."""
+        eager = not torch.compiler.is_compiling()
+        # a prompt written into an empty cache sees only itself: attention stays plain causal attention
+        # over the new keys (flash attention on a GPU), not a masked pass over every slot (t > 1 first:
+        # a one-token step does not read the position, which on a GPU would wait for the GPU)
+        self.from_empty = t > 1 and eager and int(self.position) == 0
         self.pos = self.position + torch.arange(t, device=self.position.device)
         self.position += t  # in place: a compiled decode step keeps reading the same tensor
-        slots = self.max_len
-        if self.pos.device.type == "cpu" and not torch.compiler.is_compiling():
+        self.slots = self.max_len
+        if self.pos.device.type == "cpu" and eager:
             # eager on a CPU, attention over every slot is what a step pays for: read only the written ones
             # (docs/speed.md, "Measurements behind the code"); compiled, the shapes must not change
-            slots = int(self.position)
-        self.visible = torch.arange(slots, device=self.pos.device) <= self.pos[:, None]
+            self.slots = int(self.position)
+        self.visible = None if self.from_empty else torch.arange(self.slots, device=self.pos.device) <= self.pos[:, None]
         return self.pos
 
     def write(self, layer, k, v):
@@ -196,8 +201,7 @@ class KVCache:
                 torch._dynamo.mark_static_address(self.v[layer])
         self.k[layer].index_copy_(2, self.pos, k)
         self.v[layer].index_copy_(2, self.pos, v)
-        slots = self.visible.size(1)
-        return self.k[layer][:, :, :slots], self.v[layer][:, :, :slots]
+        return self.k[layer][:, :, :self.slots], self.v[layer][:, :, :self.slots]
 
 
 class CausalSelfAttention(nn.Module):
@@ -225,8 +229,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         mask, is_causal = None, True
         if cache is not None:
-            k, v = cache.write(layer, k, v)
-            mask, is_causal = cache.visible, False
+            k_seen, v_seen = cache.write(layer, k, v)
+            if not cache.from_empty:  # (a prompt into an empty cache attends causally to itself: k, v as they are)
+                k, v, mask, is_causal = k_seen, v_seen, cache.visible, False
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
             # PyTorch's CPU flash attention is slower in bf16 than in fp32 (docs/speed.md, "Measurements
             # behind the code"), while the projections around it gain from bf16: attend in fp32

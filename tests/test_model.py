@@ -479,6 +479,25 @@ def test_cached_forward_matches_full_forward():
     assert cache.position.item() == 12
 
 
+def test_prompt_into_an_empty_cache_is_plain_causal_attention(monkeypatch):
+    """A prompt written into an empty cache attends as a forward without a cache does (is_causal, no
+    mask: flash attention on a GPU); a chunk after it attends through the cache's mask. Both give
+    the logits of the full forward."""
+    model = make_model(residual="rd", res_blocks=2)
+    randomise_queries(model)
+    idx = batch(b=2, t=12)
+    full = all_logits(model, idx)
+    calls, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *args, **kw: calls.append((kw["attn_mask"] is None, kw["is_causal"])) or sdpa(*args, **kw))
+    cache = model.make_cache()
+    for start, end, plain in ((0, 7, True), (7, 10, False), (10, 11, False)):
+        calls.clear()
+        logits, _ = model(idx[:, start:end], cache=cache)
+        assert calls == [(plain, plain)] * model.config.n_layer
+        assert max_diff(logits[:, -1], full[:, end - 1]) < EXACT
+
+
 def test_cache_keeps_its_shapes():
     """The cache's buffers are allocated once at their full size and written in place: a compiled
     decode step can hold on to them (CUDA graphs need fixed addresses)."""
