@@ -340,7 +340,8 @@ class DepthSources:
     GPT-2-small shape, ~4x standard's step time per sublayer, ~2x with 4 blocks (docs/speed.md, "On a
     GPU"). fused_route=route_kernels.fused_route sends
     every route to one Triton kernel instead, which reads each source once (logits, online softmax and
-    weighted sum together) and saves no copies for the backward; no logit table is kept then.
+    weighted sum together) and saves no copies for the backward; no logit table is kept then. rd's
+    two routes of a layer read the same sources, so they go to the kernel together (route(r, r2)).
     dtype: what the sources are stored in (the fused route does its math in float32 whatever it is).
     """
 
@@ -371,8 +372,14 @@ class DepthSources:
         self.values.append(self.partial)
         self.partial = None
 
-    def route(self, r):
-        """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources."""
+    def route(self, r, r2=None):
+        """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources. With r2 (rd's
+        value route), (x, x2): the fused route computes both in one pass over the sources."""
+        if r2 is not None:
+            if self.fused_route is not None:
+                sources = self.values if self.partial is None else self.values + [self.partial]
+                return self.fused_route(self.queries[r], sources, self.queries[r2])
+            return self.route(r), self.route(r2)
         if self.fused_route is not None:
             return self.fused_route(self.queries[r], self.values if self.partial is None else self.values + [self.partial])
         logits, values = self.logits[r], self.values  # [m, B, T] and m x [B, T, d]
@@ -537,14 +544,16 @@ class GPT(nn.Module):
             block = self.transformer.h[j // 2]
             sublayer = f"L{j // 2}.{'mlp' if j % 2 else 'attn'}"  # the name of its route
             # the sublayer's input: the one place where the modes differ
+            x_v = None
             if mode == "standard":
                 x = h  # x_j = h_j
             elif mode == "delta":
                 x = h + depth.route(row[sublayer])  # x_j = h_j + route(w_j, deltas)
+            elif mode == "rd" and j % 2 == 0:
+                x, x_v = depth.route(row[sublayer], row[sublayer + ".v"])  # rd: x_j = route(w_j, ..), x_v = route(w_v, ..)
             else:
                 x = depth.route(row[sublayer])  # attnres, rd: x_j = route(w_j, sources)
             if j % 2 == 0:
-                x_v = depth.route(row[sublayer + ".v"]) if mode == "rd" else None  # rd: x_v = route(w_v, sources)
                 out = block.attn_sublayer(x, x_v, cache, j // 2)
             else:
                 out = block.mlp_sublayer(x)

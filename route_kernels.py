@@ -23,8 +23,14 @@ source once and writes each source's gradient. Nothing [B, T, d]-sized is saved 
 RMS are recomputed in the backward from the source it reads anyway (a few flops, no extra bytes).
 All math is float32; sources may be stored in bfloat16 (half the bytes).
 
-fused_route(query, sources) is the entry point, registered as the custom op nanoattnres::route so
-torch.compile sees one node per route. model.reference_route is the definition it is tested against
+Two routes over the same sources (rd's Q/K route and value route of a layer) run as one: each source
+is loaded once and feeds two running softmaxes forward; backward, both routes' parts of dL/ds_i are
+added in registers and written once. Two separate routes would read every source twice each way and
+write two gradients per source, which autograd then adds up: (3m + 6) elements of B T d moved per
+pair, against (9m + 6).
+
+fused_route(query, sources[, query2]) is the entry point, registered as the custom op nanoattnres::route
+so torch.compile sees one node per route (or pair). model.reference_route is the definition it is tested against
 (tests/test_route_kernels.py); `python route_kernels.py` times it on a GPU against its byte floor.
 """
 
@@ -98,14 +104,28 @@ def bucket(m):
 # The kernels
 
 @triton.jit
+def _logit(s, r, w):
+    return r * tl.sum(s * w[None, :], axis=1)  # logit_i = r_i (s_i . w), per token of the tile
+
+
+@triton.jit
+def _softmax_accumulate(logit, s, run_max, run_sum, acc):
+    """One source into a running softmax-weighted sum: the new (max, sum of exp, weighted sum)."""
+    new_max = tl.maximum(run_max, logit)
+    rescale = tl.exp(run_max - new_max)  # 0 at the first source (run_max = -inf)
+    p = tl.exp(logit - new_max)
+    return new_max, run_sum * rescale + p, acc * rescale[:, None] + p[:, None] * s
+
+
+@triton.jit
 def _route_fwd_kernel(
     sources,  # tuple of NB pointers, each to an [N, D] source (slots >= m pad with the first)
-    mix_ptr,  # [N, D] out, the sources' dtype
-    lse_ptr,  # [N] out, float32: log-sum-exp of the logits, all the backward needs to rebuild a_i
-    query_ptr,  # [D]
+    mix_ptr, mix2_ptr,  # [N, D] out, the sources' dtype (mix2: the second route's, PAIRED only)
+    lse_ptr,  # [NQ, N] out, float32: log-sum-exp of the logits, all the backward needs to rebuild a_i
+    query_ptr,  # [NQ, D]: NQ = 2 routes over the same sources when PAIRED, else 1
     m, n_tokens,
     # the floats are constexpr: a Python float passed as a runtime argument becomes float64 under Inductor
-    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr,
+    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr, PAIRED: tl.constexpr,
     NB: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -114,34 +134,50 @@ def _route_fwd_kernel(
     mask = row_ok[:, None] & (cols < D)[None, :]
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]  # int64: N * D can pass 2^31
     w = tl.load(query_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    w2 = w
+    if PAIRED:
+        w2 = tl.load(query_ptr + D + cols, mask=cols < D, other=0.0).to(tl.float32)
 
-    # online softmax over the sources: running max, running sum of exp, running weighted sum
+    # online softmax over the sources: running max, running sum of exp, running weighted sum (per route)
     run_max = tl.full([BLOCK_T], float("-inf"), tl.float32)
     run_sum = tl.zeros([BLOCK_T], tl.float32)
     acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    run_max2, run_sum2, acc2 = run_max, run_sum, acc
     for i in tl.static_range(NB):
         if i < m:  # padded slots are skipped, never read
             s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
             r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i = (|s_i|^2 / d + eps)^(-1/2)
-            logit = r * tl.sum(s * w[None, :], axis=1)  # logit_i = r_i (s_i . w)
-            new_max = tl.maximum(run_max, logit)
-            rescale = tl.exp(run_max - new_max)  # 0 at the first source (run_max = -inf)
-            p = tl.exp(logit - new_max)
-            run_sum = run_sum * rescale + p
-            acc = acc * rescale[:, None] + p[:, None] * s
-            run_max = new_max
+            run_max, run_sum, acc = _softmax_accumulate(_logit(s, r, w), s, run_max, run_sum, acc)
+            if PAIRED:  # the second route reads the source already loaded: one pass over the sources for both
+                run_max2, run_sum2, acc2 = _softmax_accumulate(_logit(s, r, w2), s, run_max2, run_sum2, acc2)
     mix = acc / run_sum[:, None]  # sum_i a_i s_i, a_i = exp(logit_i - max) / sum_k exp(logit_k - max)
     tl.store(mix_ptr + offs, mix.to(mix_ptr.dtype.element_ty), mask=mask)
     tl.store(lse_ptr + rows, run_max + tl.log(run_sum), mask=row_ok)  # a_i = exp(logit_i - lse)
+    if PAIRED:
+        tl.store(mix2_ptr + offs, (acc2 / run_sum2[:, None]).to(mix2_ptr.dtype.element_ty), mask=mask)
+        tl.store(lse_ptr + n_tokens + rows, run_max2 + tl.log(run_sum2), mask=row_ok)
+
+
+@triton.jit
+def _route_part_grad(s, r, w, g, gmix, lse, INV_D: tl.constexpr):
+    """One route's part of dL/ds_i for the tile, and of dL/dw (summed over the tile's tokens)."""
+    logit = _logit(s, r, w)
+    a = tl.exp(logit - lse)  # a_i
+    delta = a * (tl.sum(g * s, axis=1) - gmix)  # delta_i = a_i (g . s_i - g . mix)
+    dr = delta * r
+    # dL/ds_i = a_i g + delta_i r_i (w - logit_i r_i s_i / d);   dL/dw += delta_i r_i s_i
+    ds = a[:, None] * g + dr[:, None] * (w[None, :] - (logit * r * INV_D)[:, None] * s)
+    return ds, tl.sum(dr[:, None] * s, axis=0)
 
 
 @triton.jit
 def _route_bwd_kernel(
-    grad_ptr, mix_ptr, lse_ptr, query_ptr,  # g [N, D], mix [N, D], lse [N], w [D]
+    grad_ptr, mix_ptr, grad2_ptr, mix2_ptr,  # g and mix [N, D] of each route (2: PAIRED only)
+    lse_ptr, query_ptr,  # lse [NQ, N], w [NQ, D]
     sources, grads,  # tuples of NB pointers: the sources [N, D] and their gradients [N, D] (out)
-    dw_ptr,  # [tiles, D] out, float32: each tile's part of dL/dw, summed by the caller (no atomics)
+    dw_ptr,  # [NQ, tiles, D] out, float32: each tile's part of dL/dw, summed by the caller (no atomics)
     m, n_tokens,
-    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr,
+    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr, PAIRED: tl.constexpr,
     NB: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -151,25 +187,32 @@ def _route_bwd_kernel(
     col_ok = cols < D
     mask = row_ok[:, None] & col_ok[None, :]
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    w = tl.load(query_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     # masked rows and columns load zeros, which make delta_i = 0 there: no NaN, no stray dw
+    w = tl.load(query_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     gmix = tl.sum(g * tl.load(mix_ptr + offs, mask=mask, other=0.0).to(tl.float32), axis=1)  # g . mix
     lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
     dw = tl.zeros([BLOCK_D], tl.float32)
+    w2, g2, gmix2, lse2, dw2 = w, g, gmix, lse, dw
+    if PAIRED:
+        w2 = tl.load(query_ptr + D + cols, mask=col_ok, other=0.0).to(tl.float32)
+        g2 = tl.load(grad2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        gmix2 = tl.sum(g2 * tl.load(mix2_ptr + offs, mask=mask, other=0.0).to(tl.float32), axis=1)
+        lse2 = tl.load(lse_ptr + n_tokens + rows, mask=row_ok, other=0.0)
     for i in tl.static_range(NB):
         if i < m:
             s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
             r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i, recomputed as in the forward
-            logit = r * tl.sum(s * w[None, :], axis=1)  # logit_i
-            a = tl.exp(logit - lse)  # a_i
-            delta = a * (tl.sum(g * s, axis=1) - gmix)  # delta_i = a_i (g . s_i - g . mix)
-            dr = delta * r
-            # dL/ds_i = a_i g + delta_i r_i (w - logit_i r_i s_i / d)
-            ds = a[:, None] * g + dr[:, None] * (w[None, :] - (logit * r * INV_D)[:, None] * s)
+            ds, dw_i = _route_part_grad(s, r, w, g, gmix, lse, INV_D)
+            dw += dw_i
+            if PAIRED:  # both routes' parts summed here: one gradient written per source, not two to add up
+                ds2, dw2_i = _route_part_grad(s, r, w2, g2, gmix2, lse2, INV_D)
+                ds += ds2
+                dw2 += dw2_i
             tl.store(grads[i] + offs, ds.to(grads[i].dtype.element_ty), mask=mask)
-            dw += tl.sum(dr[:, None] * s, axis=0)  # dL/dw += delta_i r_i s_i, over this tile's tokens
     tl.store(dw_ptr + pid * D + cols, dw, mask=col_ok)
+    if PAIRED:
+        tl.store(dw_ptr + (tl.num_programs(0) + pid) * D + cols, dw2, mask=col_ok)
 
 
 # -----------------------------------------------------------------------------
@@ -179,15 +222,18 @@ def _padded(tensors):
     return tuple(tensors) + (tensors[0],) * (bucket(len(tensors)) - len(tensors))
 
 
-def _launch(sources):
-    """The grid (one program per tile), the token count and the compile-time arguments for these sources."""
+def _launch(sources, routes):
+    """The grid (one program per tile), the token count and the compile-time arguments for these sources
+    and this many routes over them (1, or 2 paired)."""
     from model import ROUTING_RMS_EPS  # here, not at the top: model.py imports this module
     d = sources[0].size(-1)
     n = sources[0].numel() // d
     block_d = triton.next_power_of_2(d)
-    block_t = max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // block_d))
-    constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, NB=bucket(len(sources)), BLOCK_T=block_t, BLOCK_D=block_d,
-                     num_warps=NUM_WARPS)
+    # a paired program keeps two routes' state per token (two weighted sums forward, two output
+    # gradients backward): half the tokens keep its registers near one route's
+    block_t = max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // (block_d * routes)))
+    constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, PAIRED=routes == 2, NB=bucket(len(sources)),
+                     BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
     return (triton.cdiv(n, block_t),), n, constants
 
 
@@ -196,83 +242,91 @@ def _on(device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _forward(query, sources):
+def _forward(queries, sources):
     s0 = sources[0]
-    mix = torch.empty_like(s0)
-    lse = torch.empty(s0.shape[:-1], device=s0.device, dtype=torch.float32)
-    grid, n, constants = _launch(sources)
+    mixes = [torch.empty_like(s0) for _ in queries]
+    lse = torch.empty(len(queries), *s0.shape[:-1], device=s0.device, dtype=torch.float32)
+    grid, n, constants = _launch(sources, len(queries))
     if n > 0:
         with _on(s0.device):
-            _route_fwd_kernel[grid](_padded(sources), mix, lse, query, len(sources), n, **constants)
-    return mix, lse
+            _route_fwd_kernel[grid](_padded(sources), mixes[0], mixes[-1], lse, queries, len(sources), n, **constants)
+    return mixes, lse
 
 
-def _backward(grad, mix, lse, query, sources):
+def _backward(grads_out, mixes, lse, queries, sources):
     grads = [torch.empty_like(s) for s in sources]
-    grid, n, constants = _launch(sources)
+    grid, n, constants = _launch(sources, len(queries))
     if n == 0:
-        return torch.zeros_like(query), grads
+        return torch.zeros_like(queries), grads
     # One tile per program, each writing its own row of dL/dw partials: d floats written and summed per
     # tile of (2m + 2) BLOCK_T d elements, 1 / (2 (m + 1)) more bytes at d = 768 in bf16. A program that
     # looped over several tiles (fewer partials) compiled to 200+ registers at 25 sources: the compiler
     # keeps all 64 source and gradient pointers live across the loop.
-    dw = torch.empty(grid[0], query.numel(), device=query.device, dtype=torch.float32)
-    with _on(query.device):
-        _route_bwd_kernel[grid](grad.contiguous(), mix, lse, query, _padded(sources), _padded(grads), dw, len(sources),
-                                n, **constants)
-    return dw.sum(dim=0).to(query.dtype), grads  # a fixed-order reduction of fixed-shape partials: deterministic
+    dw = torch.empty(len(queries), grid[0], queries.size(-1), device=queries.device, dtype=torch.float32)
+    g = [grad.contiguous() for grad in grads_out]
+    with _on(queries.device):
+        _route_bwd_kernel[grid](g[0], mixes[0], g[-1], mixes[-1], lse, queries, _padded(sources), _padded(grads), dw,
+                                len(sources), n, **constants)
+    return dw.sum(dim=1).to(queries.dtype), grads  # a fixed-order reduction of fixed-shape partials: deterministic
 
 
 # -----------------------------------------------------------------------------
-# The custom ops: one graph node per route for torch.compile, and autograd around it
+# The custom ops: one graph node per route (or pair of routes) for torch.compile, and autograd around it
 
 @torch.library.custom_op("nanoattnres::route", mutates_args=())
-def _route_op(query: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mix, lse): the route and its per-token log-sum-exp, kept for the backward."""
+def _route_op(queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """([mix per query], lse [queries, ...]): the routes of queries [1 or 2, d] over the same sources, and
+    their per-token log-sum-exps, kept for the backward."""
     if not HAVE_TRITON:
         raise RuntimeError("nanoattnres::route needs triton (pip install triton)")
-    return _forward(query, sources)
+    return _forward(queries, sources)
 
 
 @_route_op.register_fake
-def _(query, sources):
+def _(queries, sources):
     s0 = sources[0]
-    return torch.empty_like(s0), s0.new_empty(s0.shape[:-1], dtype=torch.float32)
+    return [torch.empty_like(s0) for _ in queries], s0.new_empty(len(queries), *s0.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("nanoattnres::route_backward", mutates_args=())
-def _route_backward_op(grad: torch.Tensor, mix: torch.Tensor, lse: torch.Tensor, query: torch.Tensor,
-                       sources: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(dL/dw, [dL/ds_i]) from g = dL/dmix, the forward's outputs and its inputs."""
-    return _backward(grad, mix, lse, query, sources)
+def _route_backward_op(grads: Sequence[torch.Tensor], mixes: Sequence[torch.Tensor], lse: torch.Tensor,
+                       queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(dL/dw per query, [dL/ds_i]) from each route's g = dL/dmix, the forward's outputs and its inputs."""
+    return _backward(grads, mixes, lse, queries, sources)
 
 
 @_route_backward_op.register_fake
-def _(grad, mix, lse, query, sources):
-    return torch.empty_like(query), [torch.empty_like(s) for s in sources]
+def _(grads, mixes, lse, queries, sources):
+    return torch.empty_like(queries), [torch.empty_like(s) for s in sources]
 
 
 def _setup_context(ctx, inputs, output):
-    query, sources = inputs
-    mix, lse = output
-    ctx.save_for_backward(query, mix, lse, *sources)  # references to tensors autograd keeps anyway, no copies
+    queries, sources = inputs
+    mixes, lse = output
+    ctx.routes = len(mixes)
+    ctx.save_for_backward(queries, lse, *mixes, *sources)  # references to tensors autograd keeps anyway, no copies
     ctx.mark_non_differentiable(lse)
 
 
-def _route_grad(ctx, grad_mix, grad_lse):
-    query, mix, lse, *sources = ctx.saved_tensors
-    return _route_backward_op(grad_mix, mix, lse, query, sources)
+def _route_op_backward(ctx, grad_mixes, grad_lse):
+    queries, lse, *rest = ctx.saved_tensors
+    mixes, sources = rest[:ctx.routes], rest[ctx.routes:]
+    grad_mixes = [torch.zeros_like(mix) if g is None else g for g, mix in zip(grad_mixes, mixes)]  # a mix left unused
+    return _route_backward_op(grad_mixes, mixes, lse, queries, sources)
 
 
-_route_op.register_autograd(_route_grad, setup_context=_setup_context)
+_route_op.register_autograd(_route_op_backward, setup_context=_setup_context)
 
 
-def fused_route(query, sources):
+def fused_route(query, sources, query2=None):
     """sum_i a_i s_i with a = softmax_i(w . rmsnorm(s_i)), per token: model.reference_route, fused.
 
     query: the route's pseudo-query w, [d]. sources: m >= 1 contiguous [B, T, d] tensors of one
     dtype (float32 or bfloat16) on one device. Returns the mix, [B, T, d], in the sources' dtype;
     the math inside is float32. Differentiable in the query and every source.
+    query2: a second route over the same sources (rd's value route beside its Q/K route), computed in
+    the same pass: each source is read once for both routes, and its gradient written once, where two
+    routes would read it twice and leave two gradients to add up. Returns (mix, mix2) then.
     """
     sources = list(sources)
     if not sources:
@@ -286,10 +340,14 @@ def fused_route(query, sources):
             raise ValueError("fused_route: sources must be contiguous")
     if s0.dtype not in DTYPES:
         raise ValueError(f"fused_route: sources are {s0.dtype}, supported are {DTYPES}")
-    if query.shape != s0.shape[-1:] or query.device != s0.device or not query.is_contiguous():
-        raise ValueError(f"fused_route: query is {tuple(query.shape)} on {query.device}, "
-                         f"sources need a contiguous [{s0.size(-1)}] on {s0.device}")
-    return _route_op(query, sources)[0]
+    for q in (query, query2):
+        if q is not None and (q.shape != s0.shape[-1:] or q.device != s0.device or q.dtype != query.dtype):
+            raise ValueError(f"fused_route: a query is {tuple(q.shape)} {q.dtype} on {q.device}, sources need "
+                             f"[{s0.size(-1)}] on {s0.device} (both queries of one dtype)")
+    if query2 is None:
+        return _route_op(query.contiguous()[None], sources)[0][0]
+    mix, mix2 = _route_op(torch.stack([query, query2]), sources)[0]
+    return mix, mix2
 
 
 # -----------------------------------------------------------------------------
@@ -327,7 +385,8 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     The byte floor: the forward must read m sources and write the mix, (m + 1) B T d elements; the
     backward must read g, the mix and m sources and write m gradients, (2m + 2) B T d elements.
     GB/s below is that floor divided by the measured time; the ceiling is a plain copy of as many
-    bytes, timed beside it. tiles: other (tile elements, warps) to time the fused route with.
+    bytes, timed beside it. Also timed: two routes over the sources in one pass (fused_route's query2,
+    rd's layout) against two fused routes. tiles: other (tile elements, warps) to time the fused route with.
     """
     from model import reference_route
     assert torch.cuda.is_available(), "benchmark_route needs a CUDA GPU"
@@ -339,9 +398,13 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     floor_fwd = (m + 1) * B * T * d * element
     floor_bwd = (2 * m + 2) * B * T * d * element
 
+    query2 = (torch.randn(d, device="cuda") / d ** 0.5).requires_grad_()
+
     def fwd_bwd(route):
         def run():
-            torch.autograd.grad(route(query, sources), [query, *sources], grad)
+            mixes = route(query, sources)
+            mixes = mixes if isinstance(mixes, tuple) else (mixes,)
+            torch.autograd.grad(mixes, [query, *sources], (grad,) * len(mixes))
         return run
 
     def eager(w, sources):  # the plain route, all in the sources' dtype (a float32 query would not multiply bf16 keys)
@@ -362,17 +425,27 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     result["copy_gb_s"] = floor_fwd / t_copy / 1e6
     print(f"  copy: {floor_fwd / 1e6:.0f} MB moved in {t_copy:.3f} ms ({result['copy_gb_s']:6.0f} GB/s, the ceiling)")
 
-    def time_route(name, route):
+    def time_route(name, route, floor_fwd=floor_fwd, floor_bwd=floor_bwd):
         with torch.no_grad():
             t_fwd = triton.testing.do_bench(lambda: route(query, sources))
         t_all = triton.testing.do_bench(fwd_bwd(route))
-        print(f"{name:>6}: forward {t_fwd:7.3f} ms ({floor_fwd / t_fwd / 1e6:6.0f} GB/s)   "
+        print(f"{name:>8}: forward {t_fwd:7.3f} ms ({floor_fwd / t_fwd / 1e6:6.0f} GB/s)   "
               f"forward+backward {t_all:7.3f} ms ({(floor_fwd + floor_bwd) / t_all / 1e6:6.0f} GB/s)")
         return dict(fwd_ms=t_fwd, fwd_bwd_ms=t_all, fwd_gb_s=floor_fwd / t_fwd / 1e6,
                     fwd_bwd_gb_s=(floor_fwd + floor_bwd) / t_all / 1e6)
 
     for name, route in (("fused", fused_route), ("eager", eager)):
         result[name] = time_route(name, route)
+    # rd's two routes over the same sources: paired in one pass, against two fused routes. GB/s against the
+    # pair's floor: forward m sources read, 2 mixes written; backward 2 g, 2 mixes, m sources read, m written
+    floor_pair = ((m + 2) * B * T * d * element, (2 * m + 4) * B * T * d * element)
+    result["floor_bytes_pair_fwd_bwd"] = sum(floor_pair)
+    fwd_bwd(lambda w, s: fused_route(w, s, query2))()  # the paired kernels compile here
+    for name, route in (("paired", lambda w, s: fused_route(w, s, query2)),
+                        ("2 routes", lambda w, s: (fused_route(w, s), fused_route(query2, s)))):
+        result[name.replace(" ", "_")] = time_route(name, route, *floor_pair)
+    speedup = result["2_routes"]["fwd_bwd_ms"] / result["paired"]["fwd_bwd_ms"]
+    print(f"  paired: {speedup:.2f}x the speed of two routes, forward+backward")
     result["tiles"] = []
     for elements, warps in tiles:  # each tile shape compiles its own kernels at its first call
         with tile_shape(elements, warps):

@@ -83,6 +83,35 @@ def test_fused_route_equals_reference_bfloat16(m, B, T, d):
     check_against_reference(m, B, T, d, torch.bfloat16, 2 ** -7, 0.03)
 
 
+def paired_and_grads(route_pair, queries, sources, grads, dtype=None):
+    """route_pair(w, w2, sources) -> (mix, mix2), and d(mix . g + mix2 . g2) with respect to both queries
+    and every source."""
+    queries = [q.detach().to(dtype or q.dtype).requires_grad_() for q in queries]
+    sources = [s.detach().to(dtype or s.dtype).requires_grad_() for s in sources]
+    mixes = route_pair(*queries, sources)
+    grads = torch.autograd.grad(mixes, [*queries, *sources], [g.to(mixes[0].dtype) for g in grads])
+    return [mix.detach() for mix in mixes] + list(grads)
+
+
+@pytest.mark.parametrize("m, B, T, d, dtype", [c + (torch.float32,) for c in (CASES[0], CASES[3], CASES[6], CASES[7])]
+                         + [CASES[7] + (torch.bfloat16,)])
+def test_paired_routes_equal_two_reference_routes(m, B, T, d, dtype):
+    """Two routes over the same sources in one pass (rd's Q/K and value routes): both mixes, both
+    queries' gradients and every source's gradient (the sum of the two routes' parts, written once)
+    equal two reference routes, to the tolerances of one route."""
+    query, sources, grad = make_route(m, B, T, d, dtype)
+    query2, _, grad2 = make_route(m, B, T, d, dtype, seed=1)
+    fused = paired_and_grads(lambda w, w2, s: kernels.fused_route(w, s, w2), (query, query2), sources, (grad, grad2))
+    reference = paired_and_grads(lambda w, w2, s: (reference_route(w, s), reference_route(w2, s)), (query, query2),
+                                 sources, (grad, grad2), dtype=torch.float64)
+    tol_mix, tol_grad = (1e-5, 1e-5) if dtype == torch.float32 else (2 ** -7, 0.03)
+    names = ["mix", "mix2", "dL/dw", "dL/dw2"] + [f"dL/ds_{i}" for i in range(m)]
+    for name, f, r, tol in zip(names, fused, reference, [tol_mix] * 2 + [tol_grad] * (m + 2)):
+        assert_close(f, r, tol, f"paired m={m} d={d} {name}")
+    # the same bits as two separate fused routes' mixes: the second route rides along, it changes nothing
+    assert torch.equal(fused[0], kernels.fused_route(query, sources)) and torch.equal(fused[1], kernels.fused_route(query2, sources))
+
+
 def test_single_source_is_the_source():
     """One source: the route returns it and passes the gradient through (a = exp(logit - lse) = 1 up to
     one float32 rounding of the exp: the interpreter's is exact, a GPU's fast exp is within 2 ulp), and
@@ -113,8 +142,10 @@ def test_backward_is_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-def test_compiled_route_is_one_node_each_way():
-    """torch.compile sees one nanoattnres::route node in the forward graph and one route_backward in the backward."""
+@pytest.mark.parametrize("paired", [False, True])
+def test_compiled_route_is_one_node_each_way(paired):
+    """torch.compile sees one nanoattnres::route node in the forward graph and one route_backward in the
+    backward, for one route and for a pair."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     graphs = {}
@@ -126,11 +157,12 @@ def test_compiled_route_is_one_node_each_way():
         return compiler
 
     query, sources, grad = make_route(3, 2, 13, 24, seed=2)
+    query2 = make_route(3, 2, 13, 24, seed=3)[0]
+    route = (lambda w, s: sum(kernels.fused_route(w, s, query2))) if paired else kernels.fused_route
     torch._dynamo.reset()
-    compiled = torch.compile(kernels.fused_route, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")),
-                             fullgraph=True)
+    compiled = torch.compile(route, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")), fullgraph=True)
     got = route_and_grads(compiled, query, sources, grad)
-    want = route_and_grads(kernels.fused_route, query, sources, grad)
+    want = route_and_grads(route, query, sources, grad)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert sum("nanoattnres.route." in t for t in graphs["fw"]) == 1, graphs["fw"]
     assert sum("nanoattnres.route_backward." in t for t in graphs["bw"]) == 1, graphs["bw"]
@@ -139,8 +171,10 @@ def test_compiled_route_is_one_node_each_way():
 def test_route_op_registrations_agree():
     """torch.library.opcheck: the op's schema, fake (shape) function and autograd registration are consistent."""
     query, sources, _ = make_route(3, 2, 5, 24, seed=3)
+    query2 = make_route(3, 2, 5, 24, seed=4)[0]
     sources = [s.requires_grad_() for s in sources]
-    torch.library.opcheck(torch.ops.nanoattnres.route.default, (query.requires_grad_(), sources))
+    for queries in (query[None], torch.stack([query, query2])):  # one route, and a pair
+        torch.library.opcheck(torch.ops.nanoattnres.route.default, (queries.requires_grad_(), sources))
 
 
 def test_rejects_mismatched_sources():
@@ -165,10 +199,23 @@ def test_available_where_triton_runs():
 def fused_calls(monkeypatch):
     """The number of route_kernels.fused_route calls since the test began: the fused tests check that the
     kernels really ran, rather than the plain route compared with itself."""
-    calls = []
     real = kernels.fused_route
-    monkeypatch.setattr(kernels, "fused_route", lambda query, sources: calls.append(len(sources)) or real(query, sources))
+    def counting(query, sources, query2=None):
+        calls.extend([len(sources)] * (1 if query2 is None else 2))  # one entry per route computed
+        calls.paired += query2 is not None
+        return real(query, sources, query2)
+    calls = RouteCalls()
+    monkeypatch.setattr(kernels, "fused_route", counting)
     return calls
+
+
+class RouteCalls(list):
+    """m for every route the kernels computed; `paired`: how many calls computed two routes at once."""
+    paired = 0
+
+    def clear(self):
+        super().clear()
+        self.paired = 0
 
 
 def fused_and_plain(model, x, y, calls):
@@ -182,6 +229,8 @@ def fused_and_plain(model, x, y, calls):
         logits, loss = model(x, y)
         loss.backward()
         assert sorted(calls) == (sorted(m for _, _, m in model.routes) if fused else [])  # m sources per route
+        # rd: each layer's Q/K and value routes in one call
+        assert calls.paired == (model.config.n_layer if fused and model.config.residual == "rd" else 0)
         out.append((logits.float(), loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()
                                                   if p.grad is not None}))
     return out
@@ -294,9 +343,11 @@ def test_other_tiles_compute_the_same(tile_elements, num_warps):
     """The tile shapes `python route_kernels.py --tiles` times (1 to 16 tokens a program here, the
     backward's dL/dw summed over more or fewer tiles) all equal the reference."""
     with kernels.tile_shape(tile_elements, num_warps):
-        launch = kernels._launch([torch.empty(3, 50, 24)])[2]  # d = 24: 32 columns a token
-        assert (launch["BLOCK_T"], launch["num_warps"]) == (min(16, tile_elements // 32), num_warps)
+        for routes in (1, 2):  # a pair of routes: half the tokens a program
+            launch = kernels._launch([torch.empty(3, 50, 24)], routes)[2]  # d = 24: 32 columns a token
+            assert (launch["BLOCK_T"], launch["num_warps"]) == (max(1, min(16, tile_elements // 32 // routes)), num_warps)
         check_against_reference(5, 3, 50, 24, torch.float32, 1e-5, 1e-5)
+        test_paired_routes_equal_two_reference_routes(5, 3, 50, 24, torch.float32)
     assert (kernels.TILE_ELEMENTS, kernels.NUM_WARPS) == (4096, 4)  # restored
 
 
