@@ -31,7 +31,9 @@ pair, against (9m + 6).
 
 fused_route(query, sources[, query2]) is the entry point, registered as the custom op nanoattnres::route
 so torch.compile sees one node per route (or pair). model.reference_route is the definition it is tested against
-(tests/test_route_kernels.py); `python route_kernels.py` times it on a GPU against its byte floor.
+(tests/test_route_kernels.py); `python route_kernels.py` times it on a GPU against its byte floor, and
+`python route_kernels.py --compile_for=90` compiles it for a GPU on any machine and reports what the
+GPU would run (registers, spills, barriers, vector widths).
 """
 
 import contextlib
@@ -56,10 +58,12 @@ except ImportError:  # the module still imports (the op registers, available() s
 DTYPES = (torch.float32, torch.bfloat16)  # source dtypes the kernels are tested with
 # A program's tile: BLOCK_T tokens x BLOCK_D >= d features, TILE_ELEMENTS in all over NUM_WARPS warps
 # (32 float32 values per thread of each tile-sized temporary). Compiled by Triton 3.6 for sm_90 at
-# d = 768 with 25 sources (bf16 or fp32), this is 120-125 registers in the forward and 128 in the
-# backward, no spills: 4 programs (16 warps) per multiprocessor, 24 kB of loads in flight. Larger
-# tiles or more warps cost more registers than they add loads in flight (by ptxas's counts; not yet
-# timed against each other on a GPU: `python route_kernels.py --tiles=2048:4,8192:8` times others).
+# d = 768 with 25 sources, this is 120-122 registers in the forward and 128 in the backward, no spills:
+# 4 programs (16 warps) per multiprocessor, 24 kB of loads in flight. Each token's features span all
+# 4 warps, so its sums cross warps through shared memory, about 8 barriers per source. A one-warp
+# tile (1024:1) needs none, at 96 registers forward and 118-167 backward. Not yet timed against each
+# other on a GPU (`python route_kernels.py --tiles=1024:1` does); `--compile_for=90` prints these
+# counts on any machine.
 TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
@@ -455,20 +459,149 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     return result
 
 
+# -----------------------------------------------------------------------------
+# Compiling for a GPU on any machine
+
+def _signature(kernel, constants, source_type, slots):
+    """Triton's type for each of a kernel's arguments: the sources, their gradients, the mixes and g in the
+    sources' dtype; queries, log-sum-exps and dL/dw partials float32; the source tuples `slots` long."""
+    types = {}
+    for name in kernel.arg_names:
+        if name in constants:
+            types[name] = "constexpr"
+        elif name in ("sources", "grads"):
+            types[name] = (source_type,) * slots
+        elif name in ("m", "n_tokens"):
+            types[name] = "i32"
+        else:
+            types[name] = "*fp32" if name in ("lse_ptr", "query_ptr", "dw_ptr") else source_type
+    return types
+
+
+def _launch_specialisation(kernel, types, ints):
+    """What Triton's JIT would find at a launch and compile in: every pointer 16-byte aligned (as PyTorch
+    allocates), and which ints are multiples of 16 (vectorised loads depend on both)."""
+    aligned = [["tt.divisibility", 16]]
+    attrs = {}
+    for i, name in enumerate(kernel.arg_names):
+        if isinstance(types[name], tuple):
+            attrs.update({(i, j): aligned for j in range(len(types[name]))})
+        elif types[name].startswith("*") or (name in ints and ints[name] % 16 == 0):
+            attrs[(i,)] = aligned
+    return attrs
+
+
+def _cuobjdump(cubin, *flags):
+    """What the cuobjdump Triton ships beside ptxas (or the CUDA toolkit's) says about a compiled binary."""
+    import shutil
+    import subprocess
+    import tempfile
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    tool = tool if os.path.exists(tool) else shutil.which("cuobjdump")
+    if tool is None:
+        raise RuntimeError("cuobjdump not found (Triton's NVIDIA backend ships it; or put the CUDA toolkit's on PATH)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([tool, *flags, path], capture_output=True, text=True, check=True).stdout
+
+
+def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=False, tokens=16 * 1024):
+    """Compile one kernel as a launch over m sources of [tokens, d] would, for the CUDA compute capability
+    `arch` (90: H100, H200; 80: A100), on this machine, GPU or not: Triton's compiler and the ptxas it
+    ships, no driver. What the interpreter cannot tell: that the code compiles for the GPU, and what the
+    GPU would run. Returns, from the compiled code:
+    - registers per thread, and bytes per thread spilled to local memory (off-chip, slow): how many
+      programs fit on a multiprocessor at once, so how many loads are in flight;
+    - barriers: block-wide synchronisations in the machine code (a sum over features that spans
+      several warps goes through shared memory between two of them; a one-warp program needs none);
+    - the widths of the global loads and stores in bits (128: full 16-byte vectors)."""
+    import re
+    if not isinstance(_route_fwd_kernel, triton.runtime.jit.JITFunction):
+        raise RuntimeError("compiling for a GPU needs Triton's compiler, not its interpreter: unset TRITON_INTERPRET")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    _, _, constants = _launch([torch.empty(1, d, dtype=dtype, device="meta")] * m, routes)
+    num_warps = constants.pop("num_warps")
+    kernel = _route_bwd_kernel if backward else _route_fwd_kernel
+    source_type = {torch.float32: "*fp32", torch.bfloat16: "*bf16"}[dtype]
+    start = time.perf_counter()
+    types = _signature(kernel, constants, source_type, constants["NB"])
+    attrs = _launch_specialisation(kernel, types, dict(m=m, n_tokens=tokens))
+    compiled = triton.compile(ASTSource(kernel, types, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=num_warps))
+    seconds = time.perf_counter() - start
+    usage = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage")
+    sass = _cuobjdump(compiled.asm["cubin"], "-sass")
+
+    def count(field):
+        return int(re.search(rf"\b{field}:(\d+)", usage).group(1))
+
+    def widths(op):
+        return sorted({int(vector or 1) * int(bits) for vector, bits in
+                       re.findall(rf"\b{op}\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", compiled.asm["ptx"])})
+    return dict(kernel="backward" if backward else "forward", routes=routes, dtype=str(dtype).removeprefix("torch."),
+                tile=f"{TILE_ELEMENTS}:{NUM_WARPS}", block_t=constants["BLOCK_T"], registers=count("REG"),
+                spilled_bytes=count("LOCAL"), barriers=len(re.findall(r"\bBAR\.", sass)), load_bits=widths("ld"),
+                store_bits=widths("st"), compile_s=round(seconds, 2))
+
+
+def _bits(widths):
+    return "/".join(map(str, widths)) or "-"
+
+
+def compile_report(arch, m=25, d=768, tiles=()):
+    """Every kernel variant a model at this shape launches (forward and backward, one route and two paired,
+    float32 and bfloat16 sources), compiled for `arch` at the default tile and at each of `tiles`."""
+    print(f"compiling for sm_{arch} with Triton {triton.__version__} (no GPU used): "
+          f"{m} sources (bucket {bucket(m)}) of width {d}")
+    print("(compile s: Triton's own time for the variant; about 0 when its cache, TRITON_CACHE_DIR, already held it)")
+    print(f"{'tile':>8} {'kernel':>9} {'routes':>6} {'sources':>8} {'tokens':>6} {'registers':>9} "
+          f"{'spilled B':>9} {'barriers':>8} {'load bits':>9} {'store bits':>10} {'compile s':>9}")
+    rows = []
+    for elements, warps in [(TILE_ELEMENTS, NUM_WARPS), *tiles]:
+        with tile_shape(elements, warps):
+            for backward in (False, True):
+                for routes in (1, 2):
+                    for dtype in (torch.bfloat16, torch.float32):
+                        row = compile_for_gpu(arch, m, d, dtype, routes, backward)
+                        print(f"{row['tile']:>8} {row['kernel']:>9} {routes:>6} {row['dtype']:>8} {row['block_t']:>6} "
+                              f"{row['registers']:>9} {row['spilled_bytes']:>9} {row['barriers']:>8} {_bits(row['load_bits']):>9} "
+                              f"{_bits(row['store_bits']):>10} {row['compile_s']:>9.1f}")
+                        rows.append(row)
+    return dict(arch=arch, m=m, d=d, triton=triton.__version__, kernels=rows)
+
+
 if __name__ == "__main__":
     import argparse
     import json
-    parser = argparse.ArgumentParser(description="Time one fused route against its byte floor and the eager route (CUDA).")
+    parser = argparse.ArgumentParser(description="Time one fused route against its byte floor and the eager route "
+                                     "(CUDA); or, with --compile_for, compile the kernels for a GPU on any machine.")
     parser.add_argument("--m", type=int, default=25, help="sources (25: the output route of a 12-layer per-sublayer model)")
-    parser.add_argument("--tiles", default="", help="also time the fused route with these tiles, ELEMENTS:WARPS,... "
-                        f"(default tile: {TILE_ELEMENTS}:{NUM_WARPS})")
-    parser.add_argument("--json", help="also write the timings to this file")
+    parser.add_argument("--d", type=int, default=768, help="width of each source")
+    parser.add_argument("--tiles", default="", help="also time (or compile) the fused route with these tiles, "
+                        f"ELEMENTS:WARPS,... (default tile: {TILE_ELEMENTS}:{NUM_WARPS})")
+    parser.add_argument("--compile_for", type=int, metavar="ARCH", help="no timing, no GPU needed: compile every kernel "
+                        "variant for this CUDA compute capability (90: H100, H200) and print registers and spills")
+    parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     try:
         tiles = parse_tiles(args.tiles)
     except ValueError as e:
         parser.error(str(e))
-    timings = benchmark_route(m=args.m, tiles=tiles)
+    if args.m < 1 or args.d < 1:
+        parser.error("--m and --d must be at least 1")
+    if args.compile_for is not None:
+        from common import git_commit
+        try:
+            results = compile_report(args.compile_for, m=args.m, d=args.d, tiles=tiles)
+        except RuntimeError as e:
+            parser.exit(1, f"route_kernels.py: {e}\n")
+        commit, dirty = git_commit()
+        results.update(commit=commit, dirty=dirty, date=time.strftime("%Y-%m-%d", time.gmtime()))
+    else:
+        results = benchmark_route(m=args.m, d=args.d, tiles=tiles)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(timings, f, indent=1)
+            json.dump(results, f, indent=1)
