@@ -66,6 +66,10 @@ DTYPES = (torch.float32, torch.bfloat16)  # source dtypes the kernels are tested
 # counts on any machine.
 TILE_ELEMENTS = 4096
 NUM_WARPS = 4
+# PREFETCH: each slot issues the next source's load before its own sums, so two sources are in flight a
+# program. At 4096:4 the next load then overlaps this source's barriers; with one warp, ptxas places it
+# at the slot's end anyway (`--compile_for=90` shows both). Off until a GPU times it (4096:4:prefetch).
+PREFETCH = False
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
 
 
@@ -113,6 +117,11 @@ def _logit(s, r, w):
 
 
 @triton.jit
+def _is_source(rows, i, m):
+    return tl.full(rows.shape, i, tl.int32) < m  # slot i holds a source, as a tensor: a mask per token
+
+
+@triton.jit
 def _softmax_accumulate(logit, s, run_max, run_sum, acc):
     """One source into a running softmax-weighted sum: the new (max, sum of exp, weighted sum)."""
     new_max = tl.maximum(run_max, logit)
@@ -129,7 +138,7 @@ def _route_fwd_kernel(
     query_ptr,  # [NQ, D]: NQ = 2 routes over the same sources when PAIRED, else 1
     m, n_tokens,
     # the floats are constexpr: a Python float passed as a runtime argument becomes float64 under Inductor
-    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr, PAIRED: tl.constexpr,
+    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr, PAIRED: tl.constexpr, PREFETCH: tl.constexpr,
     NB: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -147,9 +156,16 @@ def _route_fwd_kernel(
     run_sum = tl.zeros([BLOCK_T], tl.float32)
     acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     run_max2, run_sum2, acc2 = run_max, run_sum, acc
+    if PREFETCH:
+        s_next = tl.load(sources[0] + offs, mask=mask, other=0.0)
     for i in tl.static_range(NB):
         if i < m:  # padded slots are skipped, never read
-            s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:  # the next source's load is issued before this one's sums: two in flight
+                s = s_next.to(tl.float32)
+                if i + 1 < NB:  # masked, not branched: a branch lets the compiler sink the load to its use
+                    s_next = tl.load(sources[i + 1] + offs, mask=mask & _is_source(rows, i + 1, m)[:, None], other=0.0)
+            else:
+                s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
             r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i = (|s_i|^2 / d + eps)^(-1/2)
             run_max, run_sum, acc = _softmax_accumulate(_logit(s, r, w), s, run_max, run_sum, acc)
             if PAIRED:  # the second route reads the source already loaded: one pass over the sources for both
@@ -181,7 +197,7 @@ def _route_bwd_kernel(
     sources, grads,  # tuples of NB pointers: the sources [N, D] and their gradients [N, D] (out)
     dw_ptr,  # [NQ, tiles, D] out, float32: each tile's part of dL/dw, summed by the caller (no atomics)
     m, n_tokens,
-    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr, PAIRED: tl.constexpr,
+    D: tl.constexpr, EPS: tl.constexpr, INV_D: tl.constexpr, PAIRED: tl.constexpr, PREFETCH: tl.constexpr,
     NB: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -203,9 +219,16 @@ def _route_bwd_kernel(
         g2 = tl.load(grad2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         gmix2 = tl.sum(g2 * tl.load(mix2_ptr + offs, mask=mask, other=0.0).to(tl.float32), axis=1)
         lse2 = tl.load(lse_ptr + n_tokens + rows, mask=row_ok, other=0.0)
+    if PREFETCH:
+        s_next = tl.load(sources[0] + offs, mask=mask, other=0.0)
     for i in tl.static_range(NB):
         if i < m:
-            s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:  # as in the forward
+                s = s_next.to(tl.float32)
+                if i + 1 < NB:  # masked, not branched: a branch lets the compiler sink the load to its use
+                    s_next = tl.load(sources[i + 1] + offs, mask=mask & _is_source(rows, i + 1, m)[:, None], other=0.0)
+            else:
+                s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
             r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i, recomputed as in the forward
             ds, dw_i = _route_part_grad(s, r, w, g, gmix, lse, INV_D)
             dw += dw_i
@@ -236,7 +259,7 @@ def _launch(sources, routes):
     # a paired program keeps two routes' state per token (two weighted sums forward, two output
     # gradients backward): half the tokens keep its registers near one route's
     block_t = max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // (block_d * routes)))
-    constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, PAIRED=routes == 2, NB=bucket(len(sources)),
+    constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, PAIRED=routes == 2, PREFETCH=PREFETCH, NB=bucket(len(sources)),
                      BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
     return (triton.cdiv(n, block_t),), n, constants
 
@@ -358,28 +381,36 @@ def fused_route(query, sources, query2=None):
 # Timing against the byte floor (GPU only)
 
 @contextlib.contextmanager
-def tile_shape(tile_elements, num_warps):
-    """Launch the kernels with another tile (TILE_ELEMENTS over NUM_WARPS warps) inside the block."""
-    global TILE_ELEMENTS, NUM_WARPS
-    saved = TILE_ELEMENTS, NUM_WARPS
-    TILE_ELEMENTS, NUM_WARPS = tile_elements, num_warps
+def tile_shape(tile_elements, num_warps, prefetch=False):
+    """Launch the kernels with another tile (TILE_ELEMENTS over NUM_WARPS warps, PREFETCH) inside the block."""
+    global TILE_ELEMENTS, NUM_WARPS, PREFETCH
+    saved = TILE_ELEMENTS, NUM_WARPS, PREFETCH
+    TILE_ELEMENTS, NUM_WARPS, PREFETCH = tile_elements, num_warps, prefetch
     try:
         yield
     finally:
-        TILE_ELEMENTS, NUM_WARPS = saved
+        TILE_ELEMENTS, NUM_WARPS, PREFETCH = saved
+
+
+def tile_name(tile_elements, num_warps, prefetch=False):
+    return f"{tile_elements}:{num_warps}" + (":prefetch" if prefetch else "")
 
 
 def parse_tiles(spec):
-    """'4096:4,8192:8' -> [(4096, 4), (8192, 8)]: tile elements (a power of two) and warps per program."""
+    """'4096:4,1024:1:prefetch' -> [(4096, 4, False), (1024, 1, True)]: tile elements (a power of two),
+    warps per program, and whether each source's load is issued before the previous one's sums."""
     tiles = []
     for item in filter(None, spec.split(",")):
+        fields = item.split(":")
         try:
-            elements, warps = (int(v) for v in item.split(":"))
-        except ValueError:
-            raise ValueError(f"--tiles item {item!r}: write ELEMENTS:WARPS, e.g. 4096:4") from None
+            elements, warps = int(fields[0]), int(fields[1])
+            if fields[2:] not in ([], ["prefetch"]):
+                raise ValueError
+        except (ValueError, IndexError):
+            raise ValueError(f"--tiles item {item!r}: write ELEMENTS:WARPS or ELEMENTS:WARPS:prefetch, e.g. 4096:4") from None
         if elements < 1 or elements & (elements - 1) or warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"--tiles item {item!r}: elements must be a power of two, warps 1, 2, 4, 8 or 16")
-        tiles.append((elements, warps))
+        tiles.append((elements, warps, fields[2:] == ["prefetch"]))
     return tiles
 
 
@@ -390,7 +421,8 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     backward must read g, the mix and m sources and write m gradients, (2m + 2) B T d elements.
     GB/s below is that floor divided by the measured time; the ceiling is a plain copy of as many
     bytes, timed beside it. Also timed: two routes over the sources in one pass (fused_route's query2,
-    rd's layout) against two fused routes. tiles: other (tile elements, warps) to time the fused route with.
+    rd's layout) against two fused routes. tiles: other (tile elements, warps, prefetch) to time the fused
+    route with.
     """
     from model import reference_route
     assert torch.cuda.is_available(), "benchmark_route needs a CUDA GPU"
@@ -433,7 +465,7 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
         with torch.no_grad():
             t_fwd = triton.testing.do_bench(lambda: route(query, sources))
         t_all = triton.testing.do_bench(fwd_bwd(route))
-        print(f"{name:>8}: forward {t_fwd:7.3f} ms ({floor_fwd / t_fwd / 1e6:6.0f} GB/s)   "
+        print(f"{name:>15}: forward {t_fwd:7.3f} ms ({floor_fwd / t_fwd / 1e6:6.0f} GB/s)   "
               f"forward+backward {t_all:7.3f} ms ({(floor_fwd + floor_bwd) / t_all / 1e6:6.0f} GB/s)")
         return dict(fwd_ms=t_fwd, fwd_bwd_ms=t_all, fwd_gb_s=floor_fwd / t_fwd / 1e6,
                     fwd_bwd_gb_s=(floor_fwd + floor_bwd) / t_all / 1e6)
@@ -451,11 +483,11 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     speedup = result["2_routes"]["fwd_bwd_ms"] / result["paired"]["fwd_bwd_ms"]
     print(f"  paired: {speedup:.2f}x the speed of two routes, forward+backward")
     result["tiles"] = []
-    for elements, warps in tiles:  # each tile shape compiles its own kernels at its first call
-        with tile_shape(elements, warps):
+    for elements, warps, prefetch in tiles:  # each tile shape compiles its own kernels at its first call
+        with tile_shape(elements, warps, prefetch):
             fwd_bwd(fused_route)()
-            result["tiles"].append(dict(tile_elements=elements, num_warps=warps,
-                                        **time_route(f"{elements}:{warps}", fused_route)))
+            result["tiles"].append(dict(tile_elements=elements, num_warps=warps, prefetch=prefetch,
+                                        **time_route(tile_name(elements, warps, prefetch), fused_route)))
     return result
 
 
@@ -542,7 +574,7 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
         return sorted({int(vector or 1) * int(bits) for vector, bits in
                        re.findall(rf"\b{op}\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", compiled.asm["ptx"])})
     return dict(kernel="backward" if backward else "forward", routes=routes, dtype=str(dtype).removeprefix("torch."),
-                tile=f"{TILE_ELEMENTS}:{NUM_WARPS}", block_t=constants["BLOCK_T"], registers=count("REG"),
+                tile=tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH), block_t=constants["BLOCK_T"], registers=count("REG"),
                 spilled_bytes=count("LOCAL"), barriers=len(re.findall(r"\bBAR\.", sass)), load_bits=widths("ld"),
                 store_bits=widths("st"), compile_s=round(seconds, 2))
 
@@ -557,16 +589,16 @@ def compile_report(arch, m=25, d=768, tiles=()):
     print(f"compiling for sm_{arch} with Triton {triton.__version__} (no GPU used): "
           f"{m} sources (bucket {bucket(m)}) of width {d}")
     print("(compile s: Triton's own time for the variant; about 0 when its cache, TRITON_CACHE_DIR, already held it)")
-    print(f"{'tile':>8} {'kernel':>9} {'routes':>6} {'sources':>8} {'tokens':>6} {'registers':>9} "
+    print(f"{'tile':>15} {'kernel':>9} {'routes':>6} {'sources':>8} {'tokens':>6} {'registers':>9} "
           f"{'spilled B':>9} {'barriers':>8} {'load bits':>9} {'store bits':>10} {'compile s':>9}")
     rows = []
-    for elements, warps in [(TILE_ELEMENTS, NUM_WARPS), *tiles]:
-        with tile_shape(elements, warps):
+    for tile in [(TILE_ELEMENTS, NUM_WARPS, PREFETCH), *tiles]:
+        with tile_shape(*tile):
             for backward in (False, True):
                 for routes in (1, 2):
                     for dtype in (torch.bfloat16, torch.float32):
                         row = compile_for_gpu(arch, m, d, dtype, routes, backward)
-                        print(f"{row['tile']:>8} {row['kernel']:>9} {routes:>6} {row['dtype']:>8} {row['block_t']:>6} "
+                        print(f"{row['tile']:>15} {row['kernel']:>9} {routes:>6} {row['dtype']:>8} {row['block_t']:>6} "
                               f"{row['registers']:>9} {row['spilled_bytes']:>9} {row['barriers']:>8} {_bits(row['load_bits']):>9} "
                               f"{_bits(row['store_bits']):>10} {row['compile_s']:>9.1f}")
                         rows.append(row)
@@ -581,7 +613,8 @@ if __name__ == "__main__":
     parser.add_argument("--m", type=int, default=25, help="sources (25: the output route of a 12-layer per-sublayer model)")
     parser.add_argument("--d", type=int, default=768, help="width of each source")
     parser.add_argument("--tiles", default="", help="also time (or compile) the fused route with these tiles, "
-                        f"ELEMENTS:WARPS,... (default tile: {TILE_ELEMENTS}:{NUM_WARPS})")
+                        "ELEMENTS:WARPS[:prefetch],... (prefetch: each source's load issued before the previous "
+                        f"source's sums; default tile: {tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)})")
     parser.add_argument("--compile_for", type=int, metavar="ARCH", help="no timing, no GPU needed: compile every kernel "
                         "variant for this CUDA compute capability (90: H100, H200) and print registers and spills")
     parser.add_argument("--json", help="also write the results to this file")

@@ -358,10 +358,24 @@ def test_other_tiles_compute_the_same(tile_elements, num_warps):
     assert (kernels.TILE_ELEMENTS, kernels.NUM_WARPS) == (4096, 4)  # restored
 
 
+@pytest.mark.parametrize("tile_elements, num_warps", [(64, 1), (4096, 4)])
+def test_prefetching_the_next_source_computes_the_same(tile_elements, num_warps):
+    """With PREFETCH each slot loads the next source (masked past m) before its own sums: the first
+    source loaded ahead, the last slot of a bucket loading none. m = 1, a full bucket (4, 8) and one
+    past it (5, 9), alone and paired, forward and every gradient."""
+    with kernels.tile_shape(tile_elements, num_warps, prefetch=True):
+        assert kernels._launch([torch.empty(2, 13, 24)], 1)[2]["PREFETCH"]
+        for m in (1, 4, 5, 8, 9):
+            check_against_reference(m, 2, 26, 33, torch.float32, 1e-5, 1e-5)
+        test_paired_routes_equal_two_reference_routes(5, 2, 26, 33, torch.float32)
+        check_against_reference(9, 2, 13, 40, torch.bfloat16, 2 ** -7, 3e-2)
+    assert not kernels.PREFETCH  # restored
+
+
 def test_tiles_option_is_checked():
-    """--tiles takes ELEMENTS:WARPS items, elements a power of two; anything else is a one-line error."""
-    assert kernels.parse_tiles("4096:4,8192:8") == [(4096, 4), (8192, 8)]
-    for bad in ("4096", "3000:4", "4096:3", "a:b"):
+    """--tiles takes ELEMENTS:WARPS[:prefetch] items, elements a power of two; anything else is a one-line error."""
+    assert kernels.parse_tiles("4096:4,8192:8,1024:1:prefetch") == [(4096, 4, False), (8192, 8, False), (1024, 1, True)]
+    for bad in ("4096", "3000:4", "4096:3", "a:b", "4096:4:pre", "4096:4:prefetch:1"):
         with pytest.raises(ValueError, match="--tiles item"):
             kernels.parse_tiles(bad)
 
@@ -370,19 +384,20 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     """The interpreter runs the kernels' Python, not the GPU compiler, which is stricter (types, what a
     constexpr branch may hold): every variant a model launches (forward and backward, one route and a
     pair, float32 and bfloat16 sources) compiles for sm_90 (H100, H200) with Triton's own compiler and
-    the ptxas it ships, on this CPU, fits in registers (nothing spilled to local memory) and reads and
+    the ptxas it ships, on this CPU, with and without prefetching, fits in registers (nothing spilled to local memory) and reads and
     writes [N, d] tiles in 16-byte vectors, which the bandwidth a route reaches depends on. m = 5:
     bucket 8, three padded slots; d = 40: masked feature columns."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compiled here, not found in a cache
     out = tmp_path / "sm90.json"
-    run = subprocess.run([sys.executable, "route_kernels.py", "--compile_for=90", "--m=5", "--d=40", f"--json={out}"],
+    run = subprocess.run([sys.executable, "route_kernels.py", "--compile_for=90", "--m=5", "--d=40", "--tiles=4096:4:prefetch",
+                          f"--json={out}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     kernels_compiled = json.loads(out.read_text())["kernels"]
-    assert sorted((k["kernel"], k["routes"], k["dtype"]) for k in kernels_compiled) == sorted(
-        (kernel, routes, dtype) for kernel in ("forward", "backward") for routes in (1, 2)
-        for dtype in ("bfloat16", "float32"))
+    assert sorted((k["tile"], k["kernel"], k["routes"], k["dtype"]) for k in kernels_compiled) == sorted(
+        (tile, kernel, routes, dtype) for tile in ("4096:4", "4096:4:prefetch") for kernel in ("forward", "backward")
+        for routes in (1, 2) for dtype in ("bfloat16", "float32"))
     for k in kernels_compiled:  # sources, mixes and gradients move in 16-byte vectors (d = 40: rows of 80 or 160 bytes)
         assert 0 < k["registers"] <= 255 and k["spilled_bytes"] == 0, k
         assert 128 in k["load_bits"] and 128 in k["store_bits"], k

@@ -13,9 +13,10 @@
 #           route, then with model.py's plain route, side by side within each run
 #   route   one route over 25 sources against its memory-traffic floor and a copy of as many bytes
 #           (python route_kernels.py), two routes paired in one pass against two routes (rd), and the
-#           fused route at three other tile shapes: one-warp programs (1024:1, 2048:1), whose per-token
-#           sums need no barrier, and more programs per multiprocessor (2048:4) with barriers; what each
-#           compiles to: python route_kernels.py --compile_for=90 --tiles=1024:1,2048:1,2048:4 (no GPU needed)
+#           fused route at four other tiles: a one-warp program (1024:1), whose per-token sums need no
+#           barrier, with and without prefetching the next source; the default tile with prefetching, so
+#           the next load overlaps this source's barriers; more programs per multiprocessor (2048:4). What
+#           each compiles to: python route_kernels.py --compile_for=90 --tiles=... (no GPU needed)
 # and, when named (~4 minutes more):
 #   compiled  bench.py --compile on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
 #             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
@@ -68,7 +69,7 @@ if wants bench; then
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,rd/res_blocks=4
 fi
 if wants route; then
-  part route 150 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,2048:1,2048:4
+  part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4
 fi
 if wants compiled; then
   part bench_compiled 360 env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \
