@@ -68,7 +68,7 @@ TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 # PREFETCH: each slot issues the next source's load before its own sums, so two sources are in flight a
 # program. At 4096:4 the next load then overlaps this source's barriers; with one warp, ptxas places it
-# at the slot's end anyway (`--compile_for=90` shows both). Off until a GPU times it (4096:4:prefetch).
+# late in the slot anyway (`--compile_for=90` shows both). Off until a GPU times it (4096:4:prefetch).
 PREFETCH = False
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
 
