@@ -68,7 +68,7 @@ TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 # PREFETCH: each slot issues the next source's load before its own sums, so two sources are in flight a
 # program. At 4096:4 the next load then overlaps this source's barriers; with one warp, ptxas places it
-# late in the slot anyway (`--compile_for=90` shows both). Off until a GPU times it (4096:4:prefetch).
+# late in the slot anyway (`--compile_for=90 --sass=DIR` writes the machine code). Off until a GPU times it (4096:4:prefetch).
 PREFETCH = False
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
 
@@ -539,7 +539,7 @@ def _cuobjdump(cubin, *flags):
         return subprocess.run([tool, *flags, path], capture_output=True, text=True, check=True).stdout
 
 
-def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=False, tokens=16 * 1024):
+def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=False, tokens=16 * 1024, sass_dir=None):
     """Compile one kernel as a launch over m sources of [tokens, d] would, for the CUDA compute capability
     `arch` (90: H100, H200; 80: A100), on this machine, GPU or not: Triton's compiler and the ptxas it
     ships, no driver. What the interpreter cannot tell: that the code compiles for the GPU, and what the
@@ -548,7 +548,8 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
       programs fit on a multiprocessor at once, so how many loads are in flight;
     - barriers: block-wide synchronisations in the machine code (a sum over features that spans
       several warps goes through shared memory between two of them; a one-warp program needs none);
-    - the widths of the global loads and stores in bits (128: full 16-byte vectors)."""
+    - the widths of the global loads and stores in bits (128: full 16-byte vectors).
+    sass_dir: also write the machine code there, one file per variant, to read where loads and barriers fall."""
     import re
     if not isinstance(_route_fwd_kernel, triton.runtime.jit.JITFunction):
         raise RuntimeError("compiling for a GPU needs Triton's compiler, not its interpreter: unset TRITON_INTERPRET")
@@ -566,6 +567,12 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
     seconds = time.perf_counter() - start
     usage = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage")
     sass = _cuobjdump(compiled.asm["cubin"], "-sass")
+    variant = dict(tile=tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH), kernel="backward" if backward else "forward",
+                   routes=routes, dtype=str(dtype).removeprefix("torch."))
+    if sass_dir:  # e.g. 4096-4-prefetch_forward_1_bfloat16.sass
+        os.makedirs(sass_dir, exist_ok=True)
+        with open(os.path.join(sass_dir, "_".join(map(str, variant.values())).replace(":", "-") + ".sass"), "w") as f:
+            f.write(sass)
 
     def count(field):
         return int(re.search(rf"\b{field}:(\d+)", usage).group(1))
@@ -573,8 +580,7 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
     def widths(op):
         return sorted({int(vector or 1) * int(bits) for vector, bits in
                        re.findall(rf"\b{op}\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", compiled.asm["ptx"])})
-    return dict(kernel="backward" if backward else "forward", routes=routes, dtype=str(dtype).removeprefix("torch."),
-                tile=tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH), block_t=constants["BLOCK_T"], registers=count("REG"),
+    return dict(**variant, block_t=constants["BLOCK_T"], registers=count("REG"),
                 spilled_bytes=count("LOCAL"), barriers=len(re.findall(r"\bBAR\.", sass)), load_bits=widths("ld"),
                 store_bits=widths("st"), compile_s=round(seconds, 2))
 
@@ -583,7 +589,7 @@ def _bits(widths):
     return "/".join(map(str, widths)) or "-"
 
 
-def compile_report(arch, m=25, d=768, tiles=()):
+def compile_report(arch, m=25, d=768, tiles=(), sass_dir=None):
     """Every kernel variant a model at this shape launches (forward and backward, one route and two paired,
     float32 and bfloat16 sources), compiled for `arch` at the default tile and at each of `tiles`."""
     print(f"compiling for sm_{arch} with Triton {triton.__version__} (no GPU used): "
@@ -597,7 +603,7 @@ def compile_report(arch, m=25, d=768, tiles=()):
             for backward in (False, True):
                 for routes in (1, 2):
                     for dtype in (torch.bfloat16, torch.float32):
-                        row = compile_for_gpu(arch, m, d, dtype, routes, backward)
+                        row = compile_for_gpu(arch, m, d, dtype, routes, backward, sass_dir=sass_dir)
                         print(f"{row['tile']:>15} {row['kernel']:>9} {routes:>6} {row['dtype']:>8} {row['block_t']:>6} "
                               f"{row['registers']:>9} {row['spilled_bytes']:>9} {row['barriers']:>8} {_bits(row['load_bits']):>9} "
                               f"{_bits(row['store_bits']):>10} {row['compile_s']:>9.1f}")
@@ -617,6 +623,7 @@ if __name__ == "__main__":
                         f"source's sums; default tile: {tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)})")
     parser.add_argument("--compile_for", type=int, metavar="ARCH", help="no timing, no GPU needed: compile every kernel "
                         "variant for this CUDA compute capability (90: H100, H200) and print registers and spills")
+    parser.add_argument("--sass", metavar="DIR", help="with --compile_for: also write each variant's machine code to DIR")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     try:
@@ -628,7 +635,7 @@ if __name__ == "__main__":
     if args.compile_for is not None:
         from common import git_commit
         try:
-            results = compile_report(args.compile_for, m=args.m, d=args.d, tiles=tiles)
+            results = compile_report(args.compile_for, m=args.m, d=args.d, tiles=tiles, sass_dir=args.sass)
         except RuntimeError as e:
             parser.exit(1, f"route_kernels.py: {e}\n")
         commit, dirty = git_commit()

@@ -391,7 +391,7 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compiled here, not found in a cache
     out = tmp_path / "sm90.json"
     run = subprocess.run([sys.executable, "route_kernels.py", "--compile_for=90", "--m=5", "--d=40", "--tiles=4096:4:prefetch",
-                          f"--json={out}"],
+                          f"--json={out}", f"--sass={tmp_path / 'sass'}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     kernels_compiled = json.loads(out.read_text())["kernels"]
@@ -401,6 +401,8 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     for k in kernels_compiled:  # sources, mixes and gradients move in 16-byte vectors (d = 40: rows of 80 or 160 bytes)
         assert 0 < k["registers"] <= 255 and k["spilled_bytes"] == 0, k
         assert 128 in k["load_bits"] and 128 in k["store_bits"], k
+        sass = (tmp_path / "sass" / f"{k['tile']}_{k['kernel']}_{k['routes']}_{k['dtype']}.sass".replace(":", "-")).read_text()
+        assert sass.count("BAR.SYNC") == k["barriers"] and "LDG.E.128" in sass  # the machine code the counts come from
     assert "registers" in run.stdout and "sm_90" in run.stdout
 
 
