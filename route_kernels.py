@@ -60,7 +60,8 @@ DTYPES = (torch.float32, torch.bfloat16)  # source dtypes the kernels are tested
 # (32 float32 values per thread of each tile-sized temporary). Compiled by Triton 3.6 for sm_90 at
 # d = 768 with 25 sources, this is 120-122 registers in the forward and 128 in the backward, no spills:
 # 4 programs (16 warps) per multiprocessor, 24 kB of loads in flight. Each token's features span all
-# 4 warps, so its sums cross warps through shared memory, about 8 barriers per source. A one-warp
+# 4 warps, so its sums cross warps through shared memory: about 8 barriers per source slot forward,
+# 11 backward. A one-warp
 # tile (1024:1) needs none, at 96 registers forward and 118-167 backward. Not yet timed against each
 # other on a GPU (`python route_kernels.py --tiles=1024:1` does); `--compile_for=90` prints these
 # counts on any machine.
@@ -117,8 +118,11 @@ def _logit(s, r, w):
 
 
 @triton.jit
-def _is_source(rows, i, m):
-    return tl.full(rows.shape, i, tl.int32) < m  # slot i holds a source, as a tensor: a mask per token
+def _slot_mask(rows, i, m):
+    """[BLOCK_T] of (i < m): slot i holds a source, the same for every token. A tensor, not a scalar
+    condition: a runtime branch around a load lets the compiler move the load back down to its use, and
+    the interpreter rejects a scalar in a load's mask."""
+    return tl.full(rows.shape, i, tl.int32) < m
 
 
 @triton.jit
@@ -162,8 +166,8 @@ def _route_fwd_kernel(
         if i < m:  # padded slots are skipped, never read
             if PREFETCH:  # the next source's load is issued before this one's sums: two in flight
                 s = s_next.to(tl.float32)
-                if i + 1 < NB:  # masked, not branched: a branch lets the compiler sink the load to its use
-                    s_next = tl.load(sources[i + 1] + offs, mask=mask & _is_source(rows, i + 1, m)[:, None], other=0.0)
+                if i + 1 < NB:  # past m the slot pads with sources[0]: the mask only saves the read
+                    s_next = tl.load(sources[i + 1] + offs, mask=mask & _slot_mask(rows, i + 1, m)[:, None], other=0.0)
             else:
                 s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
             r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i = (|s_i|^2 / d + eps)^(-1/2)
@@ -225,8 +229,8 @@ def _route_bwd_kernel(
         if i < m:
             if PREFETCH:  # as in the forward
                 s = s_next.to(tl.float32)
-                if i + 1 < NB:  # masked, not branched: a branch lets the compiler sink the load to its use
-                    s_next = tl.load(sources[i + 1] + offs, mask=mask & _is_source(rows, i + 1, m)[:, None], other=0.0)
+                if i + 1 < NB:  # past m the slot pads with sources[0]: the mask only saves the read
+                    s_next = tl.load(sources[i + 1] + offs, mask=mask & _slot_mask(rows, i + 1, m)[:, None], other=0.0)
             else:
                 s = tl.load(sources[i] + offs, mask=mask, other=0.0).to(tl.float32)
             r = tl.rsqrt(tl.sum(s * s, axis=1) * INV_D + EPS)  # r_i, recomputed as in the forward
@@ -257,7 +261,7 @@ def _launch(sources, routes):
     n = sources[0].numel() // d
     block_d = triton.next_power_of_2(d)
     # a paired program keeps two routes' state per token (two weighted sums forward, two output
-    # gradients backward): half the tokens keep its registers near one route's
+    # gradients backward): half the tokens a program (down to one) to hold its registers down
     block_t = max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // (block_d * routes)))
     constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, PAIRED=routes == 2, PREFETCH=PREFETCH, NB=bucket(len(sources)),
                      BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
@@ -338,7 +342,8 @@ def _setup_context(ctx, inputs, output):
 def _route_op_backward(ctx, grad_mixes, grad_lse):
     queries, lse, *rest = ctx.saved_tensors
     mixes, sources = rest[:ctx.routes], rest[ctx.routes:]
-    grad_mixes = [torch.zeros_like(mix) if g is None else g for g, mix in zip(grad_mixes, mixes)]  # a mix left unused
+    # a mix left unused (not in rd, which uses both) gets a zero gradient: one more tensor for the kernel to read
+    grad_mixes = [torch.zeros_like(mix) if g is None else g for g, mix in zip(grad_mixes, mixes)]
     return _route_backward_op(grad_mixes, mixes, lse, queries, sources)
 
 
@@ -546,9 +551,9 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
     GPU would run. Returns, from the compiled code:
     - registers per thread, and bytes per thread spilled to local memory (off-chip, slow): how many
       programs fit on a multiprocessor at once, so how many loads are in flight;
-    - barriers: block-wide synchronisations in the machine code (a sum over features that spans
-      several warps goes through shared memory between two of them; a one-warp program needs none);
-    - the widths of the global loads and stores in bits (128: full 16-byte vectors).
+    - barriers: block-wide synchronisations (BAR.SYNC) in the machine code (a sum over features that
+      spans several warps goes through shared memory between two of them; a one-warp program needs none);
+    - the widths of the global loads and stores in bits, from the PTX (128: full 16-byte vectors).
     sass_dir: also write the machine code there, one file per variant, to read where loads and barriers fall."""
     import re
     if not isinstance(_route_fwd_kernel, triton.runtime.jit.JITFunction):
@@ -579,9 +584,9 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
 
     def widths(op):
         return sorted({int(vector or 1) * int(bits) for vector, bits in
-                       re.findall(rf"\b{op}\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", compiled.asm["ptx"])})
+                       re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", compiled.asm["ptx"])})
     return dict(**variant, block_t=constants["BLOCK_T"], registers=count("REG"),
-                spilled_bytes=count("LOCAL"), barriers=len(re.findall(r"\bBAR\.", sass)), load_bits=widths("ld"),
+                spilled_bytes=count("LOCAL"), barriers=sass.count("BAR.SYNC"), load_bits=widths("ld"),
                 store_bits=widths("st"), compile_s=round(seconds, 2))
 
 

@@ -115,8 +115,11 @@ def test_paired_routes_equal_two_reference_routes(m, B, T, d, dtype):
     names = ["mix", "mix2", "dL/dw", "dL/dw2"] + [f"dL/ds_{i}" for i in range(m)]
     for name, f, r, tol in zip(names, fused, reference, [tol_mix] * 2 + [tol_grad] * (m + 2)):
         assert_close(f, r, tol, f"paired m={m} d={d} {name}")
-    # the same bits as two separate fused routes' mixes: the second route rides along, it changes nothing
-    assert torch.equal(fused[0], kernels.fused_route(query, sources)) and torch.equal(fused[1], kernels.fused_route(query2, sources))
+    # where a pair's program holds as many tokens as one route's (the same tile, so the same order of every
+    # sum), the mixes are the bits of two separate fused routes: the second route rides along, changing nothing
+    if kernels._launch(sources, 1)[2]["BLOCK_T"] == kernels._launch(sources, 2)[2]["BLOCK_T"]:
+        assert torch.equal(fused[0], kernels.fused_route(query, sources))
+        assert torch.equal(fused[1], kernels.fused_route(query2, sources))
 
 
 def test_single_source_is_the_source():
@@ -206,19 +209,22 @@ def test_available_where_triton_runs():
 def fused_calls(monkeypatch):
     """The number of route_kernels.fused_route calls since the test began: the fused tests check that the
     kernels really ran, rather than the plain route compared with itself."""
-    real = kernels.fused_route
+    real, calls = kernels.fused_route, RouteCalls()
+
     def counting(query, sources, query2=None):
         calls.extend([len(sources)] * (1 if query2 is None else 2))  # one entry per route computed
         calls.paired += query2 is not None
         return real(query, sources, query2)
-    calls = RouteCalls()
     monkeypatch.setattr(kernels, "fused_route", counting)
     return calls
 
 
 class RouteCalls(list):
     """m for every route the kernels computed; `paired`: how many calls computed two routes at once."""
-    paired = 0
+
+    def __init__(self):
+        super().__init__()
+        self.paired = 0
 
     def clear(self):
         super().clear()
@@ -360,9 +366,10 @@ def test_other_tiles_compute_the_same(tile_elements, num_warps):
 
 @pytest.mark.parametrize("tile_elements, num_warps", [(64, 1), (4096, 4)])
 def test_prefetching_the_next_source_computes_the_same(tile_elements, num_warps):
-    """With PREFETCH each slot loads the next source (masked past m) before its own sums: the first
-    source loaded ahead, the last slot of a bucket loading none. m = 1, a full bucket (4, 8) and one
-    past it (5, 9), alone and paired, forward and every gradient."""
+    """With PREFETCH each slot loads the next source before its own sums: the first source loaded ahead,
+    the last slot of a bucket loading none. m = 1, a full bucket (4, 8) and one past it (5, 9), alone and
+    paired, forward and every gradient. (The mask past m only saves reads: padded slots point at
+    sources[0], so these results cannot show it; the machine code can.)"""
     with kernels.tile_shape(tile_elements, num_warps, prefetch=True):
         assert kernels._launch([torch.empty(2, 13, 24)], 1)[2]["PREFETCH"]
         for m in (1, 4, 5, 8, 9):
@@ -387,6 +394,9 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     the ptxas it ships, on this CPU, with and without prefetching, fits in registers (nothing spilled to local memory) and reads and
     writes [N, d] tiles in 16-byte vectors, which the bandwidth a route reaches depends on. m = 5:
     bucket 8, three padded slots; d = 40: masked feature columns."""
+    import triton
+    if not (Path(triton.__file__).parent / "backends" / "nvidia").is_dir():
+        pytest.skip("this Triton has no NVIDIA backend (a ROCm build, say)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compiled here, not found in a cache
     out = tmp_path / "sm90.json"
@@ -398,11 +408,16 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     assert sorted((k["tile"], k["kernel"], k["routes"], k["dtype"]) for k in kernels_compiled) == sorted(
         (tile, kernel, routes, dtype) for tile in ("4096:4", "4096:4:prefetch") for kernel in ("forward", "backward")
         for routes in (1, 2) for dtype in ("bfloat16", "float32"))
-    for k in kernels_compiled:  # sources, mixes and gradients move in 16-byte vectors (d = 40: rows of 80 or 160 bytes)
+    for k in kernels_compiled:
         assert 0 < k["registers"] <= 255 and k["spilled_bytes"] == 0, k
-        assert 128 in k["load_bits"] and 128 in k["store_bits"], k
+        # sources, mixes and gradients move in 16-byte vectors (d = 40: rows of 80 or 160 bytes); only the
+        # per-token float32 scalars (log-sum-exp, dL/dw partials) are narrower
+        assert set(k["load_bits"]) <= {32, 64, 128} and set(k["store_bits"]) <= {32, 64, 128}, k
+        if k["kernel"] == "forward":
+            assert k["load_bits"] == [128], k
         sass = (tmp_path / "sass" / f"{k['tile']}_{k['kernel']}_{k['routes']}_{k['dtype']}.sass".replace(":", "-")).read_text()
-        assert sass.count("BAR.SYNC") == k["barriers"] and "LDG.E.128" in sass  # the machine code the counts come from
+        assert sass.count("BAR.SYNC") == k["barriers"], k  # the machine code the counts come from
+        assert sass.count("LDG.E.128") >= kernels.bucket(5), k  # at least one vector load per source slot
     assert "registers" in run.stdout and "sm_90" in run.stdout
 
 
