@@ -419,7 +419,7 @@ def parse_tiles(spec):
     return tiles
 
 
-def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
+def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), device="cuda", timer=None):
     """Forward and forward+backward of fused_route against the plain route in eager PyTorch, on CUDA.
 
     The byte floor: the forward must read m sources and write the mix, (m + 1) B T d elements; the
@@ -427,19 +427,23 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     GB/s below is that floor divided by the measured time; the ceiling is a plain copy of as many
     bytes, timed beside it. Also timed: two routes over the sources in one pass (fused_route's query2,
     rd's layout) against two fused routes. tiles: other (tile elements, warps, prefetch) to time the fused
-    route with.
+    route with. timer(fn) -> milliseconds a call, triton.testing.do_bench by default (CUDA only); the
+    tests pass another to run all of this on the CPU, in the interpreter.
     """
+    from common import device_name
     from model import reference_route
-    assert torch.cuda.is_available(), "benchmark_route needs a CUDA GPU"
+    if timer is None:
+        assert torch.cuda.is_available(), "benchmark_route needs a CUDA GPU (or a timer of its own)"
+        timer = triton.testing.do_bench
     torch.manual_seed(0)
-    sources = [torch.randn(B, T, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(m)]
-    query = (torch.randn(d, device="cuda") / d ** 0.5).requires_grad_()
-    grad = torch.randn(B, T, d, device="cuda", dtype=dtype)
+    sources = [torch.randn(B, T, d, device=device, dtype=dtype, requires_grad=True) for _ in range(m)]
+    query = (torch.randn(d, device=device) / d ** 0.5).requires_grad_()
+    grad = torch.randn(B, T, d, device=device, dtype=dtype)
     element = torch.empty((), dtype=dtype).element_size()
     floor_fwd = (m + 1) * B * T * d * element
     floor_bwd = (2 * m + 2) * B * T * d * element
 
-    query2 = (torch.randn(d, device="cuda") / d ** 0.5).requires_grad_()
+    query2 = (torch.randn(d, device=device) / d ** 0.5).requires_grad_()
 
     def fwd_bwd(route):
         def run():
@@ -451,25 +455,26 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=()):
     def eager(w, sources):  # the plain route, all in the sources' dtype (a float32 query would not multiply bf16 keys)
         return reference_route(w.to(sources[0].dtype), sources)
 
-    result = dict(m=m, shape=[B, T, d], dtype=str(dtype), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    result = dict(m=m, shape=[B, T, d], dtype=str(dtype), gpu=device_name(device), torch=torch.__version__,
                   triton=triton.__version__, floor_bytes_fwd=floor_fwd, floor_bytes_fwd_bwd=floor_fwd + floor_bwd)
     print(f"route: m={m} sources of [{B}, {T}, {d}] {dtype}, {result['gpu']}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
     start = time.perf_counter()
     fwd_bwd(fused_route)()
-    torch.cuda.synchronize()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
     result["first_call_s"] = time.perf_counter() - start
     print(f"first call (compiles bucket {bucket(m)} both ways, unless cached): {result['first_call_s']:.1f} s")
-    src = torch.empty(floor_fwd // 2, dtype=torch.uint8, device="cuda")
+    src = torch.empty(floor_fwd // 2, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    t_copy = triton.testing.do_bench(lambda: dst.copy_(src))  # reads half the forward's floor, writes the other half
+    t_copy = timer(lambda: dst.copy_(src))  # reads half the forward's floor, writes the other half
     result["copy_gb_s"] = floor_fwd / t_copy / 1e6
     print(f"  copy: {floor_fwd / 1e6:.0f} MB moved in {t_copy:.3f} ms ({result['copy_gb_s']:6.0f} GB/s, the ceiling)")
 
     def time_route(name, route, floor_fwd=floor_fwd, floor_bwd=floor_bwd):
         with torch.no_grad():
-            t_fwd = triton.testing.do_bench(lambda: route(query, sources))
-        t_all = triton.testing.do_bench(fwd_bwd(route))
+            t_fwd = timer(lambda: route(query, sources))
+        t_all = timer(fwd_bwd(route))
         print(f"{name:>15}: forward {t_fwd:7.3f} ms ({floor_fwd / t_fwd / 1e6:6.0f} GB/s)   "
               f"forward+backward {t_all:7.3f} ms ({(floor_fwd + floor_bwd) / t_all / 1e6:6.0f} GB/s)")
         return dict(fwd_ms=t_fwd, fwd_bwd_ms=t_all, fwd_gb_s=floor_fwd / t_fwd / 1e6,

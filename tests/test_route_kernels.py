@@ -372,11 +372,30 @@ def test_prefetching_the_next_source_computes_the_same(tile_elements, num_warps)
     sources[0], so these results cannot show it; the machine code can.)"""
     with kernels.tile_shape(tile_elements, num_warps, prefetch=True):
         assert kernels._launch([torch.empty(2, 13, 24)], 1)[2]["PREFETCH"]
-        for m in (1, 4, 5, 8, 9):
-            check_against_reference(m, 2, 26, 33, torch.float32, 1e-5, 1e-5)
-        test_paired_routes_equal_two_reference_routes(5, 2, 26, 33, torch.float32)
-        check_against_reference(9, 2, 13, 40, torch.bfloat16, 2 ** -7, 3e-2)
+        for m in (1, 4, 5, 8, 9):  # 13 tokens: 13 programs of one token, or one part-masked tile of 16
+            check_against_reference(m, 1, 13, 33, torch.float32, 1e-5, 1e-5)
+        test_paired_routes_equal_two_reference_routes(5, 1, 13, 33, torch.float32)
+        check_against_reference(9, 1, 13, 40, torch.bfloat16, 2 ** -7, 3e-2)
     assert not kernels.PREFETCH  # restored
+
+
+def test_route_benchmark_runs_through(capsys):
+    """`python route_kernels.py`, the GPU check's route part, end to end at a tiny shape on the CPU, with a
+    timer that calls each function once and says 1 ms: every route it times runs (fused, eager, paired,
+    two routes, each tile) and the result has what tools/gpu_check.sh's summary reads. A GPU lease is
+    too short to find a typo in it."""
+    timed = []
+    result = kernels.benchmark_route(m=3, B=1, T=8, d=16, dtype=torch.float32, device=DEVICE,
+                                     tiles=kernels.parse_tiles("64:1,1024:1:prefetch"),
+                                     timer=lambda fn: timed.append(fn()) or 1.0)
+    assert len(timed) == 1 + 2 * 6  # the copy, then forward and forward+backward of six routes
+    for name in ("fused", "eager", "paired", "2_routes"):
+        assert result[name]["fwd_ms"] == result[name]["fwd_bwd_ms"] == 1.0
+    assert [(t["tile_elements"], t["num_warps"], t["prefetch"]) for t in result["tiles"]] == [(64, 1, False), (1024, 1, True)]
+    assert result["floor_bytes_fwd"] == (3 + 1) * 8 * 16 * 4 and result["shape"] == [1, 8, 16]
+    out = capsys.readouterr().out
+    assert "1024:1:prefetch: forward" in out and "paired: 1.00x the speed of two routes" in out
+    assert (kernels.TILE_ELEMENTS, kernels.NUM_WARPS, kernels.PREFETCH) == (4096, 4, False)  # restored
 
 
 def test_tiles_option_is_checked():
