@@ -255,14 +255,52 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm, keeping less for the backward under CUDA autocast when its input is bfloat16 (the
+    fused route's mixes, with bf16 sources). CUDA autocast runs layer_norm in float32, so it would save
+    a float32 copy of the input: 4 more bytes an element for every routed sublayer, where the route
+    already keeps the input itself in 2. Here the backward makes that copy again instead (one pass
+    over the input): the same operations on the same numbers, so the same bits. Elsewhere (float32
+    input; CPU autocast, which normalises bfloat16 as it is; torch.compile, which chooses what to
+    save itself; and without autograd, which saves nothing) it is nn.LayerNorm."""
+
+    def forward(self, x):
+        if torch.compiler.is_compiling() or x.dtype == torch.float32 or not x.is_cuda or not torch.is_grad_enabled() \
+                or not torch.is_autocast_enabled("cuda"):
+            return super().forward(x)
+        return LayerNormOfUpcast.apply(x, self.weight, self.bias, self.eps)
+
+
+class LayerNormOfUpcast(torch.autograd.Function):
+    """layer_norm(x.float()), what autocast computes, saving x (not x.float()) and the per-token mean
+    and 1/std for the backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        with torch.autocast(x.device.type, enabled=False):
+            y, mean, rstd = torch.native_layer_norm(x.float(), x.shape[-1:], weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        wanted = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
+                  bias is not None and ctx.needs_input_grad[2]]
+        with torch.autocast(x.device.type, enabled=False):
+            grad_x, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
+                grad_y, x.float(), x.shape[-1:], mean, rstd, weight, bias, wanted)
+        return None if grad_x is None else grad_x.to(x.dtype), grad_w, grad_b, None
+
+
 class Block(nn.Module):
     """One transformer layer: two sublayers, attention (j = 2l) and MLP (j = 2l + 1), each with its pre-norm."""
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
         if config.residual != "standard":  # routing pseudo-queries, zero = uniform weights at init
             self.attn_res_query = nn.Parameter(torch.zeros(config.n_embd))
@@ -433,7 +471,7 @@ class GPT(nn.Module):
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
         if config.residual in ("attnres", "rd"):  # replacement routing has no stream: the output is one more route
             self.transformer.res_query_out = nn.Parameter(torch.zeros(config.n_embd))

@@ -29,6 +29,7 @@ import bench
 from checkpoint import model_args, save_checkpoint
 from common import resolve_dtype
 from helpers import perturb_norms_and_biases, randomise_queries
+import model as model_module
 from model import GPT, GPTConfig
 from test_train import ENV, TINY, events, make_dataset, train
 
@@ -94,6 +95,34 @@ def test_bf16_autocast_is_close_to_float32(mode):
     assert ((logits - ref_logits).norm() / ref_logits.norm()).item() <= 0.04
     assert loss == pytest.approx(ref_loss, rel=1e-3)
     assert torch.nn.functional.cosine_similarity(grad, ref_grad, dim=0).item() >= 0.995
+
+
+@pytest.mark.parametrize("mode", ["attnres", "attnres/2", "rd/2"])
+def test_norms_of_bf16_mixes_keep_no_float32_copy(mode, monkeypatch):
+    """Under bfloat16 autocast the fused route's mixes are bfloat16, and model.LayerNorm keeps each for the
+    backward as it is, where nn.LayerNorm under autocast keeps a float32 copy: one float32 activation
+    fewer per norm of a bfloat16 input, and logits, loss and every gradient the same bits. (In delta the
+    norms' inputs are the float32 stream: nothing changes there.)"""
+    model, (x, y) = gpu_model(mode), batch()
+    calls = []
+    upcast = model_module.LayerNormOfUpcast.apply
+    monkeypatch.setattr(model_module.LayerNormOfUpcast, "apply", lambda *a: calls.append(1) or upcast(*a))
+
+    def step():  # (logits, loss, grad) and how many float32 tensors of the activations' shape autograd kept
+        kept = []
+        def pack(t):
+            if t.dtype == torch.float32 and t.shape == (*x.shape, SHAPE["n_embd"]):
+                kept.append(t)
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            result = logits_loss_grad(model, x, y, torch.autocast(DEVICE, dtype=torch.bfloat16))
+        return result, len(kept)
+    (logits, loss, grad), kept = step()
+    assert calls  # the fused route's bf16 mixes reached model.LayerNorm's own path
+    monkeypatch.setattr(model_module.LayerNorm, "forward", torch.nn.LayerNorm.forward)
+    (ref_logits, ref_loss, ref_grad), ref_kept = step()
+    assert kept == ref_kept - len(calls)
+    assert torch.equal(logits, ref_logits) and loss == ref_loss and torch.equal(grad, ref_grad)
 
 
 @pytest.mark.parametrize("mode", ["standard", "attnres", "delta/2", "rd", "dlr"])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from helpers import perturb_norms_and_biases, randomise_queries, tiny_config
 from common import routing_summary
-from model import GPT, DepthSources, GPTConfig, LowRankLinear, reference_route
+from model import GPT, DepthSources, GPTConfig, LayerNormOfUpcast, LowRankLinear, reference_route
 
 ROUTED = ("attnres", "delta", "rd")
 LINEARS = {  # name -> config overrides
@@ -257,6 +257,28 @@ def test_first_sublayer_inputs():
 
 # -----------------------------------------------------------------------------
 # DLR
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_of_upcast_is_autocasts_layer_norm_keeping_less(bias):
+    """What model.LayerNorm runs for a bfloat16 input under CUDA autocast: layer_norm(x.float()), as
+    autocast computes it, bit for bit, forward and every gradient (here on the CPU, the same operations);
+    for the backward it keeps the bfloat16 input and per-token statistics, not a float32 copy of x."""
+    torch.manual_seed(0)
+    x = (3 * torch.randn(2, 5, 24) + 1).to(torch.bfloat16).requires_grad_()
+    weight = (1 + torch.randn(24) / 4).requires_grad_()
+    bias_ = torch.randn(24).requires_grad_() if bias else None
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = LayerNormOfUpcast.apply(x, weight, bias_, 1e-5)
+    reference = F.layer_norm(x.float(), (24,), weight, bias_, 1e-5)
+    assert y.dtype == torch.float32 and torch.equal(y, reference)
+    inputs = [x, weight] + ([bias_] if bias else [])
+    g = torch.randn(2, 5, 24)
+    for ours, theirs in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(reference, inputs, g)):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+    assert [t for t in saved if t.shape == x.shape] == [x]  # the input itself: no float32 copy of it
+    assert all(t.numel() <= 2 * 5 for t in saved if t is not x and t is not weight and t is not bias_)  # mean, 1/std
+
 
 def test_dlr_expand_layout_uneven():
     """d_out=10, r=4: K = ceil(10/4) = 3 and expand_K(z) = z[0,0,0,1,1,1,2,2,2,3]."""
