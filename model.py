@@ -266,7 +266,7 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x):
         if torch.compiler.is_compiling() or x.dtype == torch.float32 or not x.is_cuda or not torch.is_grad_enabled() \
-                or not torch.is_autocast_enabled("cuda"):
+                or not torch.is_autocast_enabled("cuda") or self.weight.dtype != torch.float32:
             return super().forward(x)
         return LayerNormOfUpcast.apply(x, self.weight, self.bias, self.eps)
 

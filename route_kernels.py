@@ -455,7 +455,7 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
     def eager(w, sources):  # the plain route, all in the sources' dtype (a float32 query would not multiply bf16 keys)
         return reference_route(w.to(sources[0].dtype), sources)
 
-    result = dict(m=m, shape=[B, T, d], dtype=str(dtype), gpu=device_name(device), torch=torch.__version__,
+    result = dict(m=m, shape=[B, T, d], dtype=str(dtype), gpu=device_name(str(device)), torch=torch.__version__,
                   triton=triton.__version__, floor_bytes_fwd=floor_fwd, floor_bytes_fwd_bwd=floor_fwd + floor_bwd)
     print(f"route: m={m} sources of [{B}, {T}, {d}] {dtype}, {result['gpu']}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
