@@ -59,6 +59,8 @@ def parse_args():
                    help="torch.compile every model's training step, and apart from it its one-token decode step")
     p.add_argument("--fused_route", default="auto", type=lambda s: s if s == "auto" else boolean(s),
                    help="auto (the fused Triton route on CUDA) | true | false (model.py's plain route)")
+    p.add_argument("--route_tile", default=None, metavar="ELEMENTS:WARPS[:prefetch]",
+                   help="the fused route's tile (default: route_kernels.py's; python route_kernels.py --tiles=... times others)")
     p.add_argument("--bf16_sources", type=boolean, nargs="?", const=True, default=True,
                    help="fused route under bfloat16: sources stored in bfloat16 (false: float32)")
     p.add_argument("--n_layer", type=int, default=8)
@@ -83,6 +85,15 @@ def parse_args():
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         p.error(str(e))
+    if args.route_tile is not None:
+        import route_kernels
+        try:
+            tiles = route_kernels.parse_tiles(args.route_tile)
+        except ValueError as e:
+            p.error(str(e).replace("--tiles", "--route_tile"))
+        if len(tiles) != 1:
+            p.error(f"--route_tile takes one tile, not {args.route_tile!r}")
+        args.route_tile = tiles[0]
     return args
 
 
@@ -262,6 +273,21 @@ def main():
     if args.plot:
         plot_width(args.inputs, args.plot)
         return
+    if args.route_tile is None:
+        run(args)
+    else:
+        import route_kernels
+        with route_kernels.tile_shape(*args.route_tile):
+            run(args)
+
+
+def route_tile():
+    """The fused route's tile in effect (--route_tile, else route_kernels.py's), as ELEMENTS:WARPS[:prefetch]."""
+    import route_kernels
+    return route_kernels.tile_name(route_kernels.TILE_ELEMENTS, route_kernels.NUM_WARPS, route_kernels.PREFETCH)
+
+
+def run(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.compile:  # one training graph per row; past the limit dynamo would silently run eager
@@ -291,6 +317,9 @@ def main():
           f"batch {args.batch_size}, vocab {args.vocab_size}; low-rank rank {rank}")
 
     bench = [Row(name, ref, cfg, args, ctx) for name, (cfg, ref) in rows.items()]
+    fused = bench[0].model.route_implementation(torch.device(args.device))[0] is not None
+    if fused:
+        print(f"routes: fused (route_kernels.py), tile {route_tile()}")
     for row in bench:  # warm-up (and compilation), then memory
         synchronize(args.device)
         t0 = time.perf_counter()
@@ -337,7 +366,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile, **provenance(args.device),
                        "triton": triton_version(), "date": time.strftime("%Y-%m-%d"),
-                       "fused_route": bench[0].model.route_implementation(torch.device(args.device))[0] is not None,
+                       "fused_route": fused, "route_tile": route_tile() if fused else None,
                        "matmul_peak_flops": peak, "config": vars(args), "rows": results}, f, indent=1)
         print(f"wrote {args.json}")
 

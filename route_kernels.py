@@ -71,6 +71,9 @@ NUM_WARPS = 4
 # program. At 4096:4 the next load then overlaps this source's barriers; with one warp, ptxas places it
 # late in the slot anyway (`--compile_for=90 --sass=DIR` writes the machine code). Off until a GPU times it (4096:4:prefetch).
 PREFETCH = False
+# tools/gpu_check.sh benches the model with the fastest tile of its route benchmark (fastest_tile), where
+# another tile beats the default by this much or more: a smaller gain could be the timer's noise
+FASTER_BY = 0.03
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
 
 
@@ -496,9 +499,24 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
     for elements, warps, prefetch in tiles:  # each tile shape compiles its own kernels at its first call
         with tile_shape(elements, warps, prefetch):
             fwd_bwd(fused_route)()
-            result["tiles"].append(dict(tile_elements=elements, num_warps=warps, prefetch=prefetch,
+            result["tiles"].append(dict(tile=tile_name(elements, warps, prefetch), tile_elements=elements,
+                                        num_warps=warps, prefetch=prefetch,
                                         **time_route(tile_name(elements, warps, prefetch), fused_route)))
+    result["default_tile"] = tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)
+    result["fastest_tile"] = fastest_tile(result)
+    if tiles:
+        print(f"  fastest forward+backward: {result['fastest_tile']}"
+              f"{' (the default)' if result['fastest_tile'] == result['default_tile'] else ''}")
     return result
+
+
+def fastest_tile(result, margin=FASTER_BY):
+    """The tile whose forward+backward was fastest in a benchmark_route result: another tile only when it
+    beat the default's time by `margin` (a fraction) or more, not by timing noise."""
+    best = min(result["tiles"], key=lambda t: t["fwd_bwd_ms"], default=None)
+    if best is not None and best["fwd_bwd_ms"] <= (1 - margin) * result["fused"]["fwd_bwd_ms"]:
+        return best["tile"]
+    return result["default_tile"]
 
 
 # -----------------------------------------------------------------------------

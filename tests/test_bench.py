@@ -32,6 +32,7 @@ def test_every_row_and_phase_with_the_documented_keys(report):
     data, stdout = report
     names = ["standard", "attnres/res_blocks=0", "attnres/res_blocks=4", "delta/res_blocks=0", "delta/res_blocks=4",
              "rd/res_blocks=0", "rd/res_blocks=4", "dense", "lowrank/rank=8", "dlr/rank=8", "folded/rank=8"]
+    assert data["fused_route"] is False and data["route_tile"] is None  # the CPU's plain route
     rows = data["rows"]
     assert [(r["name"], r["phase"]) for r in rows] == [(n, p) for p in ("train", "decode") for n in names]
     for r in rows:
@@ -61,6 +62,20 @@ def test_training_memory_counts_what_each_model_keeps(report):
     assert mem["dlr/rank=8"] == pytest.approx(mem["lowrank/rank=8"], rel=0.05)
     assert mem["folded/rank=8"] == mem["lowrank/rank=8"]
     assert mem["standard"] == mem["dense"]
+
+
+def test_route_tile_runs_the_fused_route_at_that_tile(tmp_path):
+    """--route_tile sets the fused route's tile for every row (here in Triton's interpreter on the CPU), and
+    the JSON says which tile ran; the plain route records none (the report above); a bad tile is a one-line error."""
+    result = run_bench("--fused_route=true", "--route_tile=1024:1:prefetch", "--rows=attnres/res_blocks=0",
+                       f"--json={tmp_path / 'b.json'}")
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["fused_route"] is True and data["route_tile"] == "1024:1:prefetch"
+    assert "routes: fused (route_kernels.py), tile 1024:1:prefetch" in result.stdout
+    for bad, message in (("1024:3", "--route_tile item '1024:3'"), ("1024:1,2048:1", "--route_tile takes one tile")):
+        result = run_bench(f"--route_tile={bad}")
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_unknown_row_is_a_one_line_error():

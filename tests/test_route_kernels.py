@@ -392,10 +392,26 @@ def test_route_benchmark_runs_through(capsys):
     for name in ("fused", "eager", "paired", "2_routes"):
         assert result[name]["fwd_ms"] == result[name]["fwd_bwd_ms"] == 1.0
     assert [(t["tile_elements"], t["num_warps"], t["prefetch"]) for t in result["tiles"]] == [(64, 1, False), (1024, 1, True)]
+    assert [t["tile"] for t in result["tiles"]] == ["64:1", "1024:1:prefetch"]
+    assert result["default_tile"] == result["fastest_tile"] == "4096:4"  # every tile timed alike: the default stays
     assert result["floor_bytes_fwd"] == (3 + 1) * 8 * 16 * 4 and result["shape"] == [1, 8, 16]
     out = capsys.readouterr().out
     assert "1024:1:prefetch: forward" in out and "paired: 1.00x the speed of two routes" in out
     assert (kernels.TILE_ELEMENTS, kernels.NUM_WARPS, kernels.PREFETCH) == (4096, 4, False)  # restored
+
+
+def test_fastest_tile_replaces_the_default_only_by_a_margin():
+    """tools/gpu_check.sh benches the model at fastest_tile: the quickest forward+backward of the tiles timed,
+    where it beat the default's time by FASTER_BY or more; at a smaller gain (or none) the default."""
+    def result(default_ms, **tiles_ms):
+        return dict(default_tile="4096:4", fused=dict(fwd_bwd_ms=default_ms),
+                    tiles=[dict(tile=name, fwd_bwd_ms=ms) for name, ms in tiles_ms.items()])
+    margin = kernels.FASTER_BY
+    assert kernels.fastest_tile(result(10.0)) == "4096:4"  # no other tile timed
+    assert kernels.fastest_tile(result(10.0, a=9.0, b=8.0, c=9.5)) == "b"
+    assert kernels.fastest_tile(result(10.0, a=10.0 * (1 - margin / 2))) == "4096:4"
+    assert kernels.fastest_tile(result(10.0, a=10.0 * (1 - margin))) == "a"
+    assert kernels.fastest_tile(result(10.0, a=12.0)) == "4096:4"
 
 
 def test_tiles_option_is_checked():

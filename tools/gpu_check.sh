@@ -9,16 +9,18 @@
 #   train   python train.py, 200 iterations on the GPU: the default (a delta model) and rd with low-rank
 #           DLR linears, each with its tokens/s and MFU in its log
 #   sample  sample.py from the first; fold.py on the second, then sample.py from the folded checkpoint
-#   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
-#           route, then with model.py's plain route, side by side within each run
 #   route   one route over 25 sources against its memory-traffic floor and a copy of as many bytes
 #           (python route_kernels.py), two routes paired in one pass against two routes (rd), and the
 #           fused route at four other tiles: a one-warp program (1024:1), whose per-token sums need no
 #           barrier, with and without prefetching the next source; the default tile with prefetching, so
 #           the next load overlaps this source's barriers; more programs per multiprocessor (2048:4). What
 #           each compiles to: python route_kernels.py --compile_for=90 --tiles=... (no GPU needed)
+#   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
+#           route, then with model.py's plain route, side by side within each run. The fused route runs
+#           at the route part's fastest tile (the default unless another was 3% faster; the log and
+#           the JSON say which), so one lease finds a better tile and benches the model with it
 # and, when named (~4 minutes more):
-#   compiled  bench.py --compile on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
+#   compiled  bench.py --compile (at the same tile) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
 #             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
 #             compile times, and what recompiled or broke a graph (TORCH_LOGS); sample.py --compile
 # Each part has a time limit, and a failed part does not stop the others: the summary says which passed.
@@ -26,7 +28,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check}
 shift || true
-parts=${*:-tests train sample bench route}
+parts=${*:-tests train sample route bench}
 mkdir -p "$out"
 log="$out/gpu_check.log"
 export PYTHONUNBUFFERED=1
@@ -60,20 +62,27 @@ if wants sample; then
   part fold 60 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
   part sample_folded 60 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
 fi
+if wants route; then
+  part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4
+fi
+# the bench parts run the fused route at the route part's fastest tile (route_kernels.fastest_tile: the
+# default unless another was 3% faster), so one lease both finds a better tile and benches the model with it
+tile=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["fastest_tile"])' "$out/route.json" 2>/dev/null)
+route_tile=${tile:+--route_tile=$tile}
+if [[ -n $tile ]] && { wants bench || wants compiled; }; then
+  echo "=== the bench parts' route tile: $tile ($out/route.json's fastest)" | tee -a "$log"
+fi
 if wants bench; then
   bench=(python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 --batch_size=16
          --block_size=1024 --rounds=3 --decode_tokens=16)
-  part bench_fused 150 "${bench[@]}" --json="$out/bench_eager_fused.json" \
+  part bench_fused 150 "${bench[@]}" $route_tile --json="$out/bench_eager_fused.json" \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,delta/res_blocks=0,rd/res_blocks=0,rd/res_blocks=4
   part bench_plain 120 "${bench[@]}" --json="$out/bench_eager_plain.json" --fused_route=false \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,rd/res_blocks=4
 fi
-if wants route; then
-  part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4
-fi
 if wants compiled; then
   part bench_compiled 360 env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \
-    --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile --json="$out/bench_compiled_fused.json" \
+    --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile $route_tile --json="$out/bench_compiled_fused.json" \
     --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0
   if [[ -f "$out/train_delta/ckpt.pt" ]]; then
     part sample_compiled 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200 --compile
