@@ -18,7 +18,8 @@
 #   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
 #           route, then with model.py's plain route, side by side within each run. The fused route runs
 #           at the route part's fastest tile (the default unless another was 3% faster; the log and
-#           the JSON say which), so one lease finds a better tile and benches the model with it
+#           the JSON say which), so one lease finds a better tile and benches the model with it. The
+#           choice comes from one route's timings; rd's paired kernels run at the same tile
 # and, when named (~4 minutes more):
 #   compiled  bench.py --compile (at the same tile) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
 #             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
@@ -63,6 +64,7 @@ if wants sample; then
   part sample_folded 60 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
 fi
 if wants route; then
+  rm -f "$out/route.json"  # a failed or timed-out route part must not leave an earlier run's tile to the bench
   part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4
 fi
 # the bench parts run the fused route at the route part's fastest tile (route_kernels.fastest_tile: the
