@@ -58,13 +58,12 @@ except ImportError:  # the module still imports (the op registers, available() s
 DTYPES = (torch.float32, torch.bfloat16)  # source dtypes the kernels are tested with
 # A program's tile: BLOCK_T tokens x BLOCK_D >= d features, TILE_ELEMENTS in all over NUM_WARPS warps
 # (32 float32 values per thread of each tile-sized temporary). Compiled by Triton 3.6 for sm_90 at
-# d = 768 with 25 sources, this is 120-122 registers in the forward and 128 in the backward, no spills:
+# d = 768 with 25 sources, this is 115 registers in the forward and 128 in the backward, no spills:
 # 4 programs (16 warps) per multiprocessor, 24 kB of loads in flight. Each token's features span all
-# 4 warps, so its sums cross warps through shared memory: about 8 barriers per source slot forward,
-# 11 backward. A one-warp
-# tile (1024:1) needs none, at 96 registers forward and 118-167 backward. Not yet timed against each
-# other on a GPU (`python route_kernels.py --tiles=1024:1` does); `--compile_for=90` prints these
-# counts on any machine.
+# 4 warps, so its sums cross warps through shared memory: about 6 barriers per source slot forward,
+# 9 backward. A one-warp tile (1024:1) needs none, at 90-92 registers forward and 128 backward. Not
+# yet timed against each other on a GPU (`python route_kernels.py --tiles=1024:1` does);
+# `--compile_for=90` prints these counts on any machine.
 TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 # PREFETCH: each slot issues the next source's load before its own sums, so two sources are in flight a
@@ -168,7 +167,7 @@ def _route_fwd_kernel(
     for i in tl.static_range(NB):
         # padded slots are skipped, never read. Slot 0 always holds a source (m >= 1) and runs outside the
         # runtime branch: the compiler then moves w into the sources' register layout there, once, not in
-        # every slot's branch (2 of the 8 barriers a slot at the default tile with bfloat16 sources)
+        # every slot's branch (it cost 2 barriers a slot at the default tile with bfloat16 sources)
         if (i == 0) or (i < m):
             if PREFETCH:  # the next source's load is issued before this one's sums: two in flight
                 s = s_next.to(tl.float32)
