@@ -456,6 +456,27 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     assert "registers" in run.stdout and "sm_90" in run.stdout
 
 
+def test_bf16_sources_cost_no_barriers_per_slot_over_float32(tmp_path):
+    """At the default tile and full width (d = 768: a token's features span all 4 warps) the query is
+    moved into the bfloat16 sources' register layout once, before the slots, not inside each slot's
+    `i < m` branch (2 barriers a slot there: 16 at bucket 8). So for sm_90 the bfloat16 kernels have
+    the float32 kernels' barriers plus at most a few outside the loop, fewer than one a slot."""
+    import triton
+    if not (Path(triton.__file__).parent / "backends" / "nvidia").is_dir():
+        pytest.skip("this Triton has no NVIDIA backend (a ROCm build, say)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    script = ("import json, torch, route_kernels as k; print(json.dumps({f'{d}-{b}': k.compile_for_gpu("
+              "90, m=5, d=768, dtype=getattr(torch, d), backward=b)['barriers'] for d in ('bfloat16', 'float32') "
+              "for b in (False, True)}))")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    barriers = json.loads(run.stdout.splitlines()[-1])
+    for direction in ("False", "True"):
+        bf16, fp32 = barriers[f"bfloat16-{direction}"], barriers[f"float32-{direction}"]
+        assert fp32 > 0 and bf16 - fp32 < kernels.bucket(5), barriers
+
+
 def test_compiling_for_a_gpu_asks_for_the_compiler():
     """Under the interpreter (as these tests run) the kernels are not compilable objects: a one-line error
     that says what to do."""
