@@ -499,11 +499,11 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
     print(f"  paired: {speedup:.2f}x the speed of two routes, forward+backward")
     result["tiles"] = []
     for elements, warps, prefetch in tiles:  # each tile shape compiles its own kernels at its first call
+        name = tile_name(elements, warps, prefetch)
         with tile_shape(elements, warps, prefetch):
             fwd_bwd(fused_route)()
-            result["tiles"].append(dict(tile=tile_name(elements, warps, prefetch), tile_elements=elements,
-                                        num_warps=warps, prefetch=prefetch,
-                                        **time_route(tile_name(elements, warps, prefetch), fused_route)))
+            result["tiles"].append(dict(tile=name, tile_elements=elements, num_warps=warps, prefetch=prefetch,
+                                        **time_route(name, fused_route)))
     result["default_tile"] = tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)
     result["fastest_tile"] = fastest_tile(result)
     if tiles:

@@ -67,8 +67,7 @@ if wants route; then
   rm -f "$out/route.json"  # a failed or timed-out route part must not leave an earlier run's tile to the bench
   part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4
 fi
-# the bench parts run the fused route at the route part's fastest tile (route_kernels.fastest_tile: the
-# default unless another was 3% faster), so one lease both finds a better tile and benches the model with it
+# the route part's fastest tile for the bench parts (see "bench" above); none without its JSON: the default
 tile=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["fastest_tile"])' "$out/route.json" 2>/dev/null)
 route_tile=${tile:+--route_tile=$tile}
 if [[ -n $tile ]] && { wants bench || wants compiled; }; then
