@@ -61,6 +61,8 @@ def parse_args():
                    help="auto (the fused Triton route on CUDA) | true | false (model.py's plain route)")
     p.add_argument("--route_tile", default=None, metavar="ELEMENTS:WARPS[:prefetch]",
                    help="the fused route's tile (default: route_kernels.py's; python route_kernels.py --tiles=... times others)")
+    p.add_argument("--paired_route_tile", default=None, metavar="ELEMENTS:WARPS[:prefetch]",
+                   help="the tile of rd's two routes fused in one pass (default: the one-route tile)")
     p.add_argument("--bf16_sources", type=boolean, nargs="?", const=True, default=True,
                    help="fused route under bfloat16: sources stored in bfloat16 (false: float32)")
     p.add_argument("--n_layer", type=int, default=8)
@@ -85,15 +87,16 @@ def parse_args():
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         p.error(str(e))
-    if args.route_tile is not None:
-        import route_kernels
-        try:
-            tiles = route_kernels.parse_tiles(args.route_tile)
-        except ValueError as e:
-            p.error(str(e).replace("--tiles", "--route_tile"))
-        if len(tiles) != 1:
-            p.error(f"--route_tile takes one tile, not {args.route_tile!r}")
-        args.route_tile = tiles[0]
+    for option in ("route_tile", "paired_route_tile"):
+        if getattr(args, option) is not None:
+            import route_kernels
+            try:
+                tiles = route_kernels.parse_tiles(getattr(args, option))
+            except ValueError as e:
+                p.error(str(e).replace("--tiles", f"--{option}"))
+            if len(tiles) != 1:
+                p.error(f"--{option} takes one tile, not {getattr(args, option)!r}")
+            setattr(args, option, tiles[0])
     return args
 
 
@@ -273,18 +276,19 @@ def main():
     if args.plot:
         plot_width(args.inputs, args.plot)
         return
-    if args.route_tile is None:
+    if args.route_tile is None and args.paired_route_tile is None:
         run(args)
     else:
         import route_kernels
-        with route_kernels.tile_shape(*args.route_tile):
+        with route_kernels.tile_shape(*(args.route_tile or route_kernels.tile_for(1)), paired=args.paired_route_tile):
             run(args)
 
 
-def route_tile():
-    """The fused route's tile in effect (--route_tile, else route_kernels.py's), as ELEMENTS:WARPS[:prefetch]."""
+def route_tile(routes=1):
+    """The fused route's tile in effect (--route_tile, else route_kernels.py's), as ELEMENTS:WARPS[:prefetch];
+    routes=2: rd's paired routes' (--paired_route_tile, else the same)."""
     import route_kernels
-    return route_kernels.tile_name(route_kernels.TILE_ELEMENTS, route_kernels.NUM_WARPS, route_kernels.PREFETCH)
+    return route_kernels.tile_name(*route_kernels.tile_for(routes))
 
 
 def run(args):
@@ -319,7 +323,7 @@ def run(args):
     bench = [Row(name, ref, cfg, args, ctx) for name, (cfg, ref) in rows.items()]
     fused = bench[0].model.route_implementation(torch.device(args.device))[0] is not None
     if fused:
-        print(f"routes: fused (route_kernels.py), tile {route_tile()}")
+        print(f"routes: fused (route_kernels.py), tile {route_tile()}, paired routes (rd) {route_tile(2)}")
     for row in bench:  # warm-up (and compilation), then memory
         synchronize(args.device)
         t0 = time.perf_counter()
@@ -367,6 +371,7 @@ def run(args):
             json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile, **provenance(args.device),
                        "triton": triton_version(), "date": time.strftime("%Y-%m-%d"),
                        "fused_route": fused, "route_tile": route_tile() if fused else None,
+                       "paired_route_tile": route_tile(2) if fused else None,
                        "matmul_peak_flops": peak, "config": vars(args), "rows": results}, f, indent=1)
         print(f"wrote {args.json}")
 

@@ -70,6 +70,10 @@ NUM_WARPS = 4
 # program. At 4096:4 the next load then overlaps this source's barriers; with one warp, ptxas places it
 # late in the slot anyway (`--compile_for=90 --sass=DIR` writes the machine code). Off until a GPU times it (4096:4:prefetch).
 PREFETCH = False
+# rd's two routes in one pass hold twice a route's state per token: at 1024:1 the paired backward compiles to
+# 240 registers, one route's to 128. So pairs may run best at a tile of their own: PAIRED_TILE, (elements,
+# warps, prefetch), or None for the tile above (tools/gpu_check.sh times both; bench.py --paired_route_tile).
+PAIRED_TILE = None
 # tools/gpu_check.sh benches the model with the fastest tile of its route benchmark (fastest_tile), where
 # another tile beats the default by this much or more: a smaller gain could be the timer's noise
 FASTER_BY = 0.03
@@ -258,6 +262,11 @@ def _padded(tensors):
     return tuple(tensors) + (tensors[0],) * (bucket(len(tensors)) - len(tensors))
 
 
+def tile_for(routes):
+    """(tile elements, warps, prefetch) of a launch over 1 route or 2 paired: PAIRED_TILE for a pair, where set."""
+    return PAIRED_TILE if routes == 2 and PAIRED_TILE else (TILE_ELEMENTS, NUM_WARPS, PREFETCH)
+
+
 def _launch(sources, routes):
     """The grid (one program per tile), the token count and the compile-time arguments for these sources
     and this many routes over them (1, or 2 paired)."""
@@ -267,9 +276,10 @@ def _launch(sources, routes):
     block_d = triton.next_power_of_2(d)
     # a paired program keeps two routes' state per token (two weighted sums forward, two output
     # gradients backward): half the tokens a program (down to one) to hold its registers down
-    block_t = max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // (block_d * routes)))
-    constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, PAIRED=routes == 2, PREFETCH=PREFETCH, NB=bucket(len(sources)),
-                     BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
+    tile_elements, num_warps, prefetch = tile_for(routes)
+    block_t = max(1, min(MAX_BLOCK_T, tile_elements // (block_d * routes)))
+    constants = dict(D=d, EPS=ROUTING_RMS_EPS, INV_D=1.0 / d, PAIRED=routes == 2, PREFETCH=prefetch, NB=bucket(len(sources)),
+                     BLOCK_T=block_t, BLOCK_D=block_d, num_warps=num_warps)
     return (triton.cdiv(n, block_t),), n, constants
 
 
@@ -391,15 +401,16 @@ def fused_route(query, sources, query2=None):
 # Timing against the byte floor (GPU only)
 
 @contextlib.contextmanager
-def tile_shape(tile_elements, num_warps, prefetch=False):
-    """Launch the kernels with another tile (TILE_ELEMENTS over NUM_WARPS warps, PREFETCH) inside the block."""
-    global TILE_ELEMENTS, NUM_WARPS, PREFETCH
-    saved = TILE_ELEMENTS, NUM_WARPS, PREFETCH
-    TILE_ELEMENTS, NUM_WARPS, PREFETCH = tile_elements, num_warps, prefetch
+def tile_shape(tile_elements, num_warps, prefetch=False, paired=None):
+    """Launch the kernels with another tile (TILE_ELEMENTS over NUM_WARPS warps, PREFETCH) inside the block;
+    paired routes with `paired`, (elements, warps, prefetch), or with that same tile where None."""
+    global TILE_ELEMENTS, NUM_WARPS, PREFETCH, PAIRED_TILE
+    saved = TILE_ELEMENTS, NUM_WARPS, PREFETCH, PAIRED_TILE
+    TILE_ELEMENTS, NUM_WARPS, PREFETCH, PAIRED_TILE = tile_elements, num_warps, prefetch, paired
     try:
         yield
     finally:
-        TILE_ELEMENTS, NUM_WARPS, PREFETCH = saved
+        TILE_ELEMENTS, NUM_WARPS, PREFETCH, PAIRED_TILE = saved
 
 
 def tile_name(tile_elements, num_warps, prefetch=False):
@@ -432,8 +443,9 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
     GB/s below is that floor divided by the measured time; the ceiling is a plain copy of as many
     bytes, timed beside it. Also timed: two routes over the sources in one pass (fused_route's query2,
     rd's layout) against two fused routes. tiles: other (tile elements, warps, prefetch) to time the fused
-    route with. timer(fn) -> milliseconds a call, triton.testing.do_bench by default (CUDA only); the
-    tests pass another to run all of this on the CPU, in the interpreter.
+    route with; the pair is timed at the fastest of them too (fastest_tile, fastest_paired_tile).
+    timer(fn) -> milliseconds a call, triton.testing.do_bench by default (CUDA only); the tests pass
+    another to run all of this on the CPU, in the interpreter.
     """
     from common import device_name
     from model import reference_route
@@ -491,9 +503,12 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
     # pair's floor: forward m sources read, 2 mixes written; backward 2 g, 2 mixes, m sources read, m written
     floor_pair = ((m + 2) * B * T * d * element, (2 * m + 4) * B * T * d * element)
     result["floor_bytes_pair_fwd_bwd"] = sum(floor_pair)
-    fwd_bwd(lambda w, s: fused_route(w, s, query2))()  # the paired kernels compile here
-    for name, route in (("paired", lambda w, s: fused_route(w, s, query2)),
-                        ("2 routes", lambda w, s: (fused_route(w, s), fused_route(query2, s)))):
+
+    def paired(w, s):
+        return fused_route(w, s, query2)
+
+    fwd_bwd(paired)()  # the paired kernels compile here
+    for name, route in (("paired", paired), ("2 routes", lambda w, s: (fused_route(w, s), fused_route(query2, s)))):
         result[name.replace(" ", "_")] = time_route(name, route, *floor_pair)
     speedup = result["2_routes"]["fwd_bwd_ms"] / result["paired"]["fwd_bwd_ms"]
     print(f"  paired: {speedup:.2f}x the speed of two routes, forward+backward")
@@ -506,17 +521,30 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
                                         **time_route(name, fused_route)))
     result["default_tile"] = tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)
     result["fastest_tile"] = fastest_tile(result)
+    # A pair holds twice a route's state per token, so one route's fastest tile may not suit two: where that
+    # tile is not the default, the pair is timed there too (one more compile, where a pair at every tile
+    # would cost one per tile), and runs at whichever of the two was faster for it.
+    result["paired_tiles"] = []
+    for t in result["tiles"]:
+        if t["tile"] == result["fastest_tile"]:
+            with tile_shape(t["tile_elements"], t["num_warps"], t["prefetch"]):
+                fwd_bwd(paired)()
+                result["paired_tiles"].append(dict(t, **time_route(f"paired {t['tile']}", paired, *floor_pair)))
+    result["fastest_paired_tile"] = fastest_tile(result, paired=True)
     if tiles:
-        print(f"  fastest forward+backward: {result['fastest_tile']}"
-              f"{' (the default)' if result['fastest_tile'] == result['default_tile'] else ''}")
+        for routes, key in (("one route", "fastest_tile"), ("paired", "fastest_paired_tile")):
+            print(f"  fastest forward+backward, {routes}: {result[key]}"
+                  f"{' (the default)' if result[key] == result['default_tile'] else ''}")
     return result
 
 
-def fastest_tile(result, margin=FASTER_BY):
-    """The tile whose forward+backward was fastest in a benchmark_route result: another tile only when it
-    beat the default's time by `margin` (a fraction) or more, not by timing noise."""
-    best = min(result["tiles"], key=lambda t: t["fwd_bwd_ms"], default=None)
-    if best is not None and best["fwd_bwd_ms"] <= (1 - margin) * result["fused"]["fwd_bwd_ms"]:
+def fastest_tile(result, margin=FASTER_BY, paired=False):
+    """The tile whose forward+backward was fastest in a benchmark_route result, for one route (or for the
+    paired routes): another tile than the default only when it beat the default's time by `margin` (a
+    fraction) or more, not by timing noise."""
+    timed, default = (result["paired_tiles"], result["paired"]) if paired else (result["tiles"], result["fused"])
+    best = min(timed, key=lambda t: t["fwd_bwd_ms"], default=None)
+    if best is not None and best["fwd_bwd_ms"] <= (1 - margin) * default["fwd_bwd_ms"]:
         return best["tile"]
     return result["default_tile"]
 

@@ -71,11 +71,23 @@ def test_route_tile_runs_the_fused_route_at_that_tile(tmp_path):
                        f"--json={tmp_path / 'b.json'}")
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / "b.json").read_text())
-    assert data["fused_route"] is True and data["route_tile"] == "1024:1:prefetch"
-    assert "routes: fused (route_kernels.py), tile 1024:1:prefetch" in result.stdout
-    for bad, message in (("1024:3", "--route_tile item '1024:3'"), ("1024:1,2048:1", "--route_tile takes one tile")):
-        result = run_bench(f"--route_tile={bad}")
-        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert data["fused_route"] is True and data["route_tile"] == data["paired_route_tile"] == "1024:1:prefetch"
+    assert "routes: fused (route_kernels.py), tile 1024:1:prefetch, paired routes (rd) 1024:1:prefetch" in result.stdout
+    for option in ("route_tile", "paired_route_tile"):
+        for bad, message in (("1024:3", f"--{option} item '1024:3'"), ("1024:1,2048:1", f"--{option} takes one tile")):
+            result = run_bench(f"--{option}={bad}")
+            assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_paired_route_tile_runs_rd_at_its_own_tile(tmp_path):
+    """--paired_route_tile sets the tile of rd's paired routes apart from one route's (the default here), and
+    the JSON says both; the row trains and decodes through the fused pair."""
+    result = run_bench("--fused_route=true", "--paired_route_tile=64:1", "--rows=rd/res_blocks=4",
+                       f"--json={tmp_path / 'b.json'}")
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert (data["route_tile"], data["paired_route_tile"]) == ("4096:4", "64:1")
+    assert {r["name"] for r in data["rows"]} == {"standard", "rd/res_blocks=4"}
 
 
 def test_an_unknown_row_is_a_one_line_error():

@@ -115,9 +115,10 @@ def test_paired_routes_equal_two_reference_routes(m, B, T, d, dtype):
     names = ["mix", "mix2", "dL/dw", "dL/dw2"] + [f"dL/ds_{i}" for i in range(m)]
     for name, f, r, tol in zip(names, fused, reference, [tol_mix] * 2 + [tol_grad] * (m + 2)):
         assert_close(f, r, tol, f"paired m={m} d={d} {name}")
-    # where a pair's program holds as many tokens as one route's (the same tile, so the same order of every
-    # sum), the mixes are the bits of two separate fused routes: the second route rides along, changing nothing
-    if kernels._launch(sources, 1)[2]["BLOCK_T"] == kernels._launch(sources, 2)[2]["BLOCK_T"]:
+    # where a pair's program holds as many tokens over as many warps as one route's (so the same order of
+    # every sum), the mixes are the bits of two separate fused routes: the second route rides along, changing nothing
+    single, pair = kernels._launch(sources, 1)[2], kernels._launch(sources, 2)[2]
+    if (single["BLOCK_T"], single["num_warps"]) == (pair["BLOCK_T"], pair["num_warps"]):
         assert torch.equal(fused[0], kernels.fused_route(query, sources))
         assert torch.equal(fused[1], kernels.fused_route(query2, sources))
 
@@ -393,11 +394,53 @@ def test_route_benchmark_runs_through(capsys):
         assert result[name]["fwd_ms"] == result[name]["fwd_bwd_ms"] == 1.0
     assert [(t["tile_elements"], t["num_warps"], t["prefetch"]) for t in result["tiles"]] == [(64, 1, False), (1024, 1, True)]
     assert [t["tile"] for t in result["tiles"]] == ["64:1", "1024:1:prefetch"]
-    assert result["default_tile"] == result["fastest_tile"] == "4096:4"  # every tile timed alike: the default stays
+    assert result["default_tile"] == result["fastest_tile"] == result["fastest_paired_tile"] == "4096:4"  # all alike
+    assert result["paired_tiles"] == []  # the pair is timed again only at a tile other than the default
     assert result["floor_bytes_fwd"] == (3 + 1) * 8 * 16 * 4 and result["shape"] == [1, 8, 16]
     out = capsys.readouterr().out
     assert "1024:1:prefetch: forward" in out and "paired: 1.00x the speed of two routes" in out
     assert (kernels.TILE_ELEMENTS, kernels.NUM_WARPS, kernels.PREFETCH) == (4096, 4, False)  # restored
+
+
+@pytest.mark.parametrize("pair_ms", [0.5, 2.0])
+def test_route_benchmark_times_the_pair_at_the_fastest_tile(monkeypatch, pair_ms):
+    """Where another tile beats the default for one route, the pair is timed at that tile too, and gets it
+    only if it is faster there for the pair as well: the timer here says 0.5 ms for one route at 64:1,
+    pair_ms for a pair at 64:1, and 1 ms for the rest (the kernels' launches say which ran)."""
+    launches = []
+    launch = kernels._launch
+    monkeypatch.setattr(kernels, "_launch", lambda sources, routes: launches.append((routes, kernels.tile_for(routes)))
+                        or launch(sources, routes))
+
+    def timer(fn):
+        launches.clear()
+        fn()
+        if (2, (64, 1, False)) in launches:
+            return pair_ms
+        return 0.5 if (1, (64, 1, False)) in launches else 1.0
+
+    result = kernels.benchmark_route(m=3, B=1, T=8, d=16, dtype=torch.float32, device=DEVICE,
+                                     tiles=kernels.parse_tiles("64:1,1024:1"), timer=timer)
+    assert [t["fwd_bwd_ms"] for t in result["tiles"]] == [0.5, 1.0] and result["fastest_tile"] == "64:1"
+    assert [(t["tile"], t["fwd_bwd_ms"]) for t in result["paired_tiles"]] == [("64:1", pair_ms)]
+    assert result["paired"]["fwd_bwd_ms"] == 1.0  # the pair at the default tile
+    assert result["fastest_paired_tile"] == ("64:1" if pair_ms < 1.0 else "4096:4")
+
+
+def test_a_paired_tile_of_its_own():
+    """tile_shape(..., paired=TILE) launches pairs (rd) at TILE and single routes at the other tile; without
+    it pairs follow the single routes' tile. Both equal the reference; the module's tiles are restored."""
+    d24 = [torch.empty(3, 50, 24)]  # d = 24: 32 columns a token
+    with kernels.tile_shape(64, 1, paired=(4096, 4, True)):
+        assert kernels.tile_for(1) == (64, 1, False) and kernels.tile_for(2) == (4096, 4, True)
+        single, pair = kernels._launch(d24, 1)[2], kernels._launch(d24, 2)[2]
+        assert (single["BLOCK_T"], single["num_warps"], single["PREFETCH"]) == (2, 1, False)
+        assert (pair["BLOCK_T"], pair["num_warps"], pair["PREFETCH"]) == (16, 4, True)  # 4096 // 32 // 2, capped at 16
+        test_paired_routes_equal_two_reference_routes(5, 3, 50, 24, torch.float32)
+        check_against_reference(5, 3, 50, 24, torch.float32, 1e-5, 1e-5)
+    with kernels.tile_shape(64, 1):
+        assert kernels.tile_for(2) == (64, 1, False)
+    assert kernels.PAIRED_TILE is None and kernels.tile_for(2) == (4096, 4, False)
 
 
 def test_fastest_tile_replaces_the_default_only_by_a_margin():
@@ -412,6 +455,12 @@ def test_fastest_tile_replaces_the_default_only_by_a_margin():
     assert kernels.fastest_tile(result(10.0, a=10.0 * (1 - margin / 2))) == "4096:4"
     assert kernels.fastest_tile(result(10.0, a=10.0 * (1 - margin))) == "a"
     assert kernels.fastest_tile(result(10.0, a=12.0)) == "4096:4"
+    # the pair's choice reads the pair's timings: at the default ("paired") and at other tiles ("paired_tiles")
+    pair = dict(default_tile="4096:4", paired=dict(fwd_bwd_ms=10.0), paired_tiles=[dict(tile="a", fwd_bwd_ms=9.0)],
+                **{k: v for k, v in result(10.0, b=1.0).items() if k != "default_tile"})
+    assert kernels.fastest_tile(pair, paired=True) == "a" and kernels.fastest_tile(pair) == "b"
+    pair["paired_tiles"][0]["fwd_bwd_ms"] = 10.0 * (1 - margin / 2)
+    assert kernels.fastest_tile(pair, paired=True) == "4096:4"
 
 
 def test_tiles_option_is_checked():

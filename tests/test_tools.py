@@ -38,7 +38,7 @@ def test_summary_counts_tests_and_reads_every_part(tmp_path):
                  compile_s=20.0 if p == "train" else 3.0)
             for n, r in (("standard", 1.0), ("rd/res_blocks=4", 0.5)) for p in ("train", "decode")]
     (tmp_path / "bench_eager_fused.json").write_text(json.dumps(dict(fused_route=True, route_tile="1024:1", compile=False,
-                                                                     rows=rows)))
+                                                                     paired_route_tile="4096:4", rows=rows)))
     gpu_summary.main(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tests"] == {"passed": 14, "failed": 3, "skipped": 3}
@@ -46,21 +46,22 @@ def test_summary_counts_tests_and_reads_every_part(tmp_path):
     assert summary["train"]["train_delta"] == dict(residual="rd", device="cuda", dtype="bfloat16", tokens_per_s=1000.0,
                                                    mfu=0.25, val_loss=2.5)
     assert summary["train"]["train_rd_dlr"] is None and summary["bench_eager_plain"] is None
-    assert summary["bench_eager_fused"]["route_tile"] == "1024:1"
+    assert (summary["bench_eager_fused"]["route_tile"], summary["bench_eager_fused"]["paired_route_tile"]) == ("1024:1", "4096:4")
     row = summary["bench_eager_fused"]["rows"]["rd/res_blocks=4"]
     assert row["train_ratio"] == 0.5 and row["decode_ratio"] == 0.5 and row["train_compile_s"] == 20.0 and row["decode_compile_s"] == 3.0
 
 
-def test_gpu_check_benches_at_the_route_parts_fastest_tile(tmp_path):
-    """gpu_check.sh's lines that pick the bench parts' tile: the route part's JSON's fastest_tile (the key
-    route_kernels.benchmark_route writes) as --route_tile, or nothing (the default tile) without that JSON."""
-    lines = [line for line in (ROOT / "tools" / "gpu_check.sh").read_text().splitlines()
-             if line.startswith(("tile=", "route_tile="))]
-    assert len(lines) == 2
+def test_gpu_check_benches_at_the_route_parts_fastest_tiles(tmp_path):
+    """gpu_check.sh's line that picks the bench parts' tiles: the route part's JSON's fastest_tile and
+    fastest_paired_tile (the keys route_kernels.benchmark_route writes) as --route_tile and
+    --paired_route_tile, or nothing (the default tiles) without that JSON."""
+    lines = [line for line in (ROOT / "tools" / "gpu_check.sh").read_text().splitlines() if line.startswith("route_tile=")]
+    assert len(lines) == 1
     script = "\n".join([f"out={tmp_path}", *lines, 'echo "[$route_tile]"'])
     assert subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout == "[]\n"
-    (tmp_path / "route.json").write_text(json.dumps(dict(fastest_tile="1024:1:prefetch")))
-    assert subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout == "[--route_tile=1024:1:prefetch]\n"
+    (tmp_path / "route.json").write_text(json.dumps(dict(fastest_tile="1024:1:prefetch", fastest_paired_tile="4096:4")))
+    assert (subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout
+            == "[--route_tile=1024:1:prefetch --paired_route_tile=4096:4]\n")
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "bf16_sources_check.sh"])

@@ -18,10 +18,10 @@
 #   bench   bench.py at GPT-2-small shape (12 x 768, batch 16 x 1024, bfloat16, eager) with the fused
 #           route, then with model.py's plain route, side by side within each run. The fused route runs
 #           at the route part's fastest tile (the default unless another was 3% faster; the log and
-#           the JSON say which), so one lease finds a better tile and benches the model with it. The
-#           choice comes from one route's timings; rd's paired kernels run at the same tile
+#           the JSON say which), so one lease finds a better tile and benches the model with it. rd's
+#           paired kernels are timed there too, and run there or at the default, whichever was faster
 # and, when named (~4 minutes more):
-#   compiled  bench.py --compile (at the same tile) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
+#   compiled  bench.py --compile (at the same tiles) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
 #             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
 #             compile times, and what recompiled or broke a graph (TORCH_LOGS); sample.py --compile
 # Each part has a time limit, and a failed part does not stop the others: the summary says which passed.
@@ -67,11 +67,11 @@ if wants route; then
   rm -f "$out/route.json"  # a failed or timed-out route part must not leave an earlier run's tile to the bench
   part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4
 fi
-# the route part's fastest tile for the bench parts (see "bench" above); none without its JSON: the default
-tile=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["fastest_tile"])' "$out/route.json" 2>/dev/null)
-route_tile=${tile:+--route_tile=$tile}
-if [[ -n $tile ]] && { wants bench || wants compiled; }; then
-  echo "=== the bench parts' route tile: $tile ($out/route.json's fastest)" | tee -a "$log"
+# the route part's fastest tiles, one route's and a pair's, for the bench parts (see "bench" above); none
+# without its JSON: the defaults
+route_tile=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("--route_tile=%s --paired_route_tile=%s" % (r["fastest_tile"], r["fastest_paired_tile"]))' "$out/route.json" 2>/dev/null)
+if [[ -n $route_tile ]] && { wants bench || wants compiled; }; then
+  echo "=== the bench parts' route tiles: $route_tile ($out/route.json's fastest)" | tee -a "$log"
 fi
 if wants bench; then
   bench=(python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 --batch_size=16

@@ -63,8 +63,8 @@ def bench(path):
             entry["mem_ratio"] = round(r["mem_ratio"], 3)
             entry["peak_mem_mb"] = round(r["peak_mem_mb"])
             entry["mfu"] = round(r["mfu"], 4)
-    return {"fused_route": data.get("fused_route"), "route_tile": data.get("route_tile"), "compile": data["compile"],
-            "rows": rows}
+    return {"fused_route": data.get("fused_route"), "route_tile": data.get("route_tile"),
+            "paired_route_tile": data.get("paired_route_tile"), "compile": data["compile"], "rows": rows}
 
 
 def main(out):
