@@ -519,7 +519,8 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
             fwd_bwd(fused_route)()
             result["tiles"].append(dict(tile=name, tile_elements=elements, num_warps=warps, prefetch=prefetch,
                                         **time_route(name, fused_route)))
-    result["default_tile"] = tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)
+    result["default_tile"] = tile_name(*tile_for(1))
+    result["default_paired_tile"] = tile_name(*tile_for(2))  # the same, unless PAIRED_TILE is set
     result["fastest_tile"] = fastest_tile(result)
     # A pair holds twice a route's state per token, so one route's fastest tile may not suit two: where that
     # tile is not the default, the pair is timed there too (one more compile, where a pair at every tile
@@ -532,9 +533,10 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
                 result["paired_tiles"].append(dict(t, **time_route(f"paired {t['tile']}", paired, *floor_pair)))
     result["fastest_paired_tile"] = fastest_tile(result, paired=True)
     if tiles:
-        for routes, key in (("one route", "fastest_tile"), ("paired", "fastest_paired_tile")):
+        for routes, key, default in (("one route", "fastest_tile", "default_tile"),
+                                     ("paired", "fastest_paired_tile", "default_paired_tile")):
             print(f"  fastest forward+backward, {routes}: {result[key]}"
-                  f"{' (the default)' if result[key] == result['default_tile'] else ''}")
+                  f"{' (the default)' if result[key] == result[default] else ''}")
     return result
 
 
@@ -542,11 +544,12 @@ def fastest_tile(result, margin=FASTER_BY, paired=False):
     """The tile whose forward+backward was fastest in a benchmark_route result, for one route (or for the
     paired routes): another tile than the default only when it beat the default's time by `margin` (a
     fraction) or more, not by timing noise."""
-    timed, default = (result["paired_tiles"], result["paired"]) if paired else (result["tiles"], result["fused"])
+    timed, at_default, default = ((result["paired_tiles"], result["paired"], result["default_paired_tile"]) if paired
+                                  else (result["tiles"], result["fused"], result["default_tile"]))
     best = min(timed, key=lambda t: t["fwd_bwd_ms"], default=None)
-    if best is not None and best["fwd_bwd_ms"] <= (1 - margin) * default["fwd_bwd_ms"]:
+    if best is not None and best["fwd_bwd_ms"] <= (1 - margin) * at_default["fwd_bwd_ms"]:
         return best["tile"]
-    return result["default_tile"]
+    return default
 
 
 # -----------------------------------------------------------------------------

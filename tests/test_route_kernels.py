@@ -394,7 +394,8 @@ def test_route_benchmark_runs_through(capsys):
         assert result[name]["fwd_ms"] == result[name]["fwd_bwd_ms"] == 1.0
     assert [(t["tile_elements"], t["num_warps"], t["prefetch"]) for t in result["tiles"]] == [(64, 1, False), (1024, 1, True)]
     assert [t["tile"] for t in result["tiles"]] == ["64:1", "1024:1:prefetch"]
-    assert result["default_tile"] == result["fastest_tile"] == result["fastest_paired_tile"] == "4096:4"  # all alike
+    assert result["default_tile"] == result["fastest_tile"] == "4096:4"  # all alike
+    assert result["default_paired_tile"] == result["fastest_paired_tile"] == "4096:4"
     assert result["paired_tiles"] == []  # the pair is timed again only at a tile other than the default
     assert result["floor_bytes_fwd"] == (3 + 1) * 8 * 16 * 4 and result["shape"] == [1, 8, 16]
     out = capsys.readouterr().out
@@ -438,6 +439,10 @@ def test_a_paired_tile_of_its_own():
         assert (pair["BLOCK_T"], pair["num_warps"], pair["PREFETCH"]) == (16, 4, True)  # 4096 // 32 // 2, capped at 16
         test_paired_routes_equal_two_reference_routes(5, 3, 50, 24, torch.float32)
         check_against_reference(5, 3, 50, 24, torch.float32, 1e-5, 1e-5)
+        # the route benchmark names it as the pair's default: what the pair falls back to
+        result = kernels.benchmark_route(m=3, B=1, T=8, d=16, dtype=torch.float32, device=DEVICE, timer=lambda fn: 1.0)
+        assert (result["default_tile"], result["default_paired_tile"]) == ("64:1", "4096:4:prefetch")
+        assert result["fastest_paired_tile"] == "4096:4:prefetch"
     with kernels.tile_shape(64, 1):
         assert kernels.tile_for(2) == (64, 1, False)
     assert kernels.PAIRED_TILE is None and kernels.tile_for(2) == (4096, 4, False)
@@ -456,11 +461,12 @@ def test_fastest_tile_replaces_the_default_only_by_a_margin():
     assert kernels.fastest_tile(result(10.0, a=10.0 * (1 - margin))) == "a"
     assert kernels.fastest_tile(result(10.0, a=12.0)) == "4096:4"
     # the pair's choice reads the pair's timings: at the default ("paired") and at other tiles ("paired_tiles")
-    pair = dict(default_tile="4096:4", paired=dict(fwd_bwd_ms=10.0), paired_tiles=[dict(tile="a", fwd_bwd_ms=9.0)],
-                **{k: v for k, v in result(10.0, b=1.0).items() if k != "default_tile"})
+    # and falls back to the pair's own default (PAIRED_TILE, where set)
+    pair = dict(result(10.0, b=1.0), default_paired_tile="1024:1", paired=dict(fwd_bwd_ms=10.0),
+                paired_tiles=[dict(tile="a", fwd_bwd_ms=9.0)])
     assert kernels.fastest_tile(pair, paired=True) == "a" and kernels.fastest_tile(pair) == "b"
     pair["paired_tiles"][0]["fwd_bwd_ms"] = 10.0 * (1 - margin / 2)
-    assert kernels.fastest_tile(pair, paired=True) == "4096:4"
+    assert kernels.fastest_tile(pair, paired=True) == "1024:1"
 
 
 def test_tiles_option_is_checked():
