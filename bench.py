@@ -62,7 +62,8 @@ def parse_args():
     p.add_argument("--route_tile", default=None, metavar="ELEMENTS:WARPS[:prefetch]",
                    help="the fused route's tile (default: route_kernels.py's; python route_kernels.py --tiles=... times others)")
     p.add_argument("--paired_route_tile", default=None, metavar="ELEMENTS:WARPS[:prefetch]",
-                   help="the tile of rd's two routes fused in one pass (default: the one-route tile)")
+                   help="the tile of rd's two routes fused in one pass "
+                        "(default: route_kernels.py's PAIRED_TILE, else the one-route tile)")
     p.add_argument("--bf16_sources", type=boolean, nargs="?", const=True, default=True,
                    help="fused route under bfloat16: sources stored in bfloat16 (false: float32)")
     p.add_argument("--n_layer", type=int, default=8)
@@ -280,13 +281,15 @@ def main():
         run(args)
     else:
         import route_kernels
-        with route_kernels.tile_shape(*(args.route_tile or route_kernels.tile_for(1)), paired=args.paired_route_tile):
+        # each option left out keeps route_kernels.py's setting
+        with route_kernels.tile_shape(*(args.route_tile or route_kernels.tile_for(1)),
+                                      paired=args.paired_route_tile or route_kernels.PAIRED_TILE):
             run(args)
 
 
 def route_tile(routes=1):
     """The fused route's tile in effect (--route_tile, else route_kernels.py's), as ELEMENTS:WARPS[:prefetch];
-    routes=2: rd's paired routes' (--paired_route_tile, else the same)."""
+    routes=2: rd's paired routes' (--paired_route_tile, else route_kernels.py's PAIRED_TILE, else the same)."""
     import route_kernels
     return route_kernels.tile_name(*route_kernels.tile_for(routes))
 

@@ -90,6 +90,26 @@ def test_paired_route_tile_runs_rd_at_its_own_tile(tmp_path):
     assert {r["name"] for r in data["rows"]} == {"standard", "rd/res_blocks=4"}
 
 
+@pytest.mark.parametrize("options, single, pair", [
+    ([], (4096, 4, False), (1024, 1, True)),
+    (["--route_tile=2048:4"], (2048, 4, False), (1024, 1, True)),
+    (["--paired_route_tile=64:1"], (4096, 4, False), (64, 1, False)),
+    (["--route_tile=2048:4", "--paired_route_tile=64:1"], (2048, 4, False), (64, 1, False)),
+])
+def test_a_tile_option_left_out_keeps_route_kernels_setting(monkeypatch, options, single, pair):
+    """Each of --route_tile and --paired_route_tile overrides its own tile only: with a PAIRED_TILE set in
+    route_kernels.py, giving --route_tile alone leaves the pairs at it (the tiles run() sees)."""
+    import bench
+    import route_kernels
+    monkeypatch.setattr(route_kernels, "PAIRED_TILE", (1024, 1, True))
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--device=cpu", *options])
+    seen = []
+    monkeypatch.setattr(bench, "run", lambda args: seen.append((route_kernels.tile_for(1), route_kernels.tile_for(2))))
+    bench.main()
+    assert seen == [(single, pair)]
+    assert route_kernels.tile_for(1) == (4096, 4, False) and route_kernels.PAIRED_TILE == (1024, 1, True)  # restored
+
+
 def test_an_unknown_row_is_a_one_line_error():
     result = run_bench("--rows=attnres/res_blocks=3")
     assert result.returncode != 0
