@@ -552,6 +552,34 @@ def fastest_tile(result, margin=FASTER_BY, paired=False):
     return default
 
 
+def warm_route(m=25, d=768, dtype=torch.bfloat16, tiles=(), device="cuda"):
+    """Compile, without timing, the kernels benchmark_route(m=m, d=d, dtype=dtype, tiles=tiles) launches: one
+    route and two paired, forward and backward, at the default tiles and at each of `tiles` (the pair at
+    every one, as the benchmark times it at whichever wins). Each launches once over 16 tokens. Triton
+    compiles a kernel for its compile-time arguments (tile, bucket, width), the dtypes, and whether each int
+    is 1 or a multiple of 16, not for the ints themselves: 16 tokens and the benchmark's 16 x 1024 get the
+    same code, so Triton's cache on disk then serves the benchmark's first calls, in another process.
+    tools/gpu_check.sh runs this beside the tests, so the timed route part, alone on the GPU, compiles nothing."""
+    torch.manual_seed(0)
+    sources = [torch.randn(1, 16, d, device=device, dtype=dtype, requires_grad=True) for _ in range(m)]
+    query, query2 = (torch.randn(d, device=device, requires_grad=True) for _ in range(2))
+
+    def one_and_a_pair():
+        mixes = (fused_route(query, sources), *fused_route(query, sources, query2))
+        torch.autograd.grad(mixes, [query, query2, *sources], [torch.ones_like(mix) for mix in mixes])
+
+    start = time.perf_counter()
+    one_and_a_pair()  # the default tile, and the pair's own where PAIRED_TILE is set
+    for tile in tiles:
+        with tile_shape(*tile):
+            one_and_a_pair()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    names = [tile_name(*tile_for(1)), *(tile_name(*tile) for tile in tiles)]
+    print(f"route kernels for {m} sources of width {d} {dtype}, one route and a pair, both ways, at "
+          f"{', '.join(names)}: compiled (or found in Triton's cache) in {time.perf_counter() - start:.1f} s")
+
+
 # -----------------------------------------------------------------------------
 # Compiling for a GPU on any machine
 
@@ -682,6 +710,9 @@ if __name__ == "__main__":
     parser.add_argument("--tiles", default="", help="also time (or compile) the fused route with these tiles, "
                         "ELEMENTS:WARPS[:prefetch],... (prefetch: each source's load issued before the previous "
                         f"source's sums; default tile: {tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)})")
+    parser.add_argument("--warm", action="store_true", help="compile, don't time: the kernels the benchmark with "
+                        "these --tiles launches (one route and a pair, both ways, at the default tile and each of --tiles), "
+                        "into Triton's cache, where a later timing run finds them (CUDA)")
     parser.add_argument("--compile_for", type=int, metavar="ARCH", help="no timing, no GPU needed: compile every kernel "
                         "variant for this CUDA compute capability (90: H100, H200) and print registers and spills")
     parser.add_argument("--sass", metavar="DIR", help="with --compile_for: also write each variant's machine code to DIR")
@@ -693,6 +724,8 @@ if __name__ == "__main__":
         parser.error(str(e))
     if args.m < 1 or args.d < 1:
         parser.error("--m and --d must be at least 1")
+    if args.warm and args.compile_for is not None:
+        parser.error("--warm compiles on this machine's GPU, --compile_for for another: pass one of them")
     if args.compile_for is not None:
         from common import git_commit
         try:
@@ -701,8 +734,11 @@ if __name__ == "__main__":
             parser.exit(1, f"route_kernels.py: {e}\n")
         commit, dirty = git_commit()
         results.update(commit=commit, dirty=dirty, date=time.strftime("%Y-%m-%d", time.gmtime()))
+    elif args.warm:
+        warm_route(m=args.m, d=args.d, tiles=tiles)
+        results = None
     else:
         results = benchmark_route(m=args.m, d=args.d, tiles=tiles)
-    if args.json:
+    if args.json and results is not None:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

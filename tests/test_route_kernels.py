@@ -428,6 +428,56 @@ def test_route_benchmark_times_the_pair_at_the_fastest_tile(monkeypatch, pair_ms
     assert result["fastest_paired_tile"] == ("64:1" if pair_ms < 1.0 else "4096:4")
 
 
+def record_compiles(monkeypatch):
+    """The set of kernel specialisations launched from now on: what Triton compiles a kernel for at a launch
+    (its compile-time arguments and warps, each pointer's dtype, the source tuples' length, and whether
+    each int is 1 or a multiple of 16), read from the launches themselves."""
+    seen = set()
+
+    def specialisation(value):
+        if isinstance(value, torch.Tensor):
+            return str(value.dtype)
+        if isinstance(value, tuple):
+            return tuple(map(specialisation, value))
+        return ("int", value == 1, value % 16 == 0) if isinstance(value, int) else value
+
+    class Recorded:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **constants):
+                seen.add((self.name, specialisation(args), tuple(sorted(constants.items()))))
+                return self.kernel[grid](*args, **constants)
+            return launch
+
+    for name in ("_route_fwd_kernel", "_route_bwd_kernel"):
+        monkeypatch.setattr(kernels, name, Recorded(name, getattr(kernels, name)))
+    return seen
+
+
+def test_warming_compiles_every_kernel_the_route_benchmark_launches(monkeypatch):
+    """`route_kernels.py --warm --tiles=...` (tools/gpu_check.sh runs it beside the tests) launches, at 16
+    tokens, every specialisation the timed benchmark with those tiles launches at its token count (here 2 x 8,
+    a multiple of 16 like the GPU's 16 x 1024): the timing run then finds them all in Triton's cache. The pair
+    at every tile: the benchmark times it at whichever tile wins for one route (here 1024:1:prefetch)."""
+    tiles = kernels.parse_tiles("64:1,1024:1:prefetch")
+    seen = record_compiles(monkeypatch)
+    kernels.warm_route(m=3, d=16, dtype=torch.bfloat16, tiles=tiles, device=DEVICE)
+    warmed = set(seen)
+    seen.clear()
+    kernels.benchmark_route(m=3, B=2, T=8, d=16, dtype=torch.bfloat16, device=DEVICE, tiles=tiles,
+                            timer=lambda fn: (fn(), 0.5 if kernels.tile_for(1)[2] else 1.0)[1])  # 1024:1:prefetch wins
+    benchmarked = set(seen)
+    assert benchmarked <= warmed, f"not warmed: {benchmarked - warmed}"
+    paired_at = {(c["BLOCK_T"], c["num_warps"], c["PREFETCH"]) for c in map(dict, (key[2] for key in warmed)) if c["PAIRED"]}
+    assert len(warmed) == 2 * 2 * 3 and len(paired_at) == 3  # both ways, one route and a pair, 3 tiles
+    # a token count that Triton specialises otherwise (not a multiple of 16) is not served by the warm-up
+    seen.clear()
+    kernels.benchmark_route(m=3, B=1, T=8, d=16, dtype=torch.bfloat16, device=DEVICE, timer=lambda fn: (fn(), 1.0)[1])
+    assert not set(seen) <= warmed
+
+
 def test_a_paired_tile_of_its_own():
     """tile_shape(..., paired=TILE) launches pairs (rd) at TILE and single routes at the other tile; without
     it pairs follow the single routes' tile. Both equal the reference; the module's tiles are restored."""

@@ -5,6 +5,7 @@ log.jsonl, bench.py's JSON), and the shell scripts at least parse. The scripts t
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +31,10 @@ def write_train_log(path, tokens_per_s):
 
 def test_summary_counts_tests_and_reads_every_part(tmp_path):
     """Passed = tests - failures - errors - skipped; a train run's speed is the median after warm-up; a
-    bench row's ratios; each part's latest exit code (a rerun replaces an earlier line)."""
+    bench row's ratios; each part's latest exit code (a rerun replaces an earlier line), and whether it ran
+    side by side with others."""
     (tmp_path / "tests.xml").write_text(JUNIT)
-    (tmp_path / "parts.txt").write_text("tests 1 130\nroute 0 25\ntests 0 95\n")
+    (tmp_path / "parts.txt").write_text("tests 1 130 side_by_side\nroute 0 25 \ntests 0 95 side_by_side\nbench_fused 0 40\n")
     write_train_log(tmp_path / "train_delta", 1000.0)
     rows = [dict(name=n, phase=p, ratio=r, tokens_per_s=100 * r, mem_ratio=1.1, peak_mem_mb=10.0, mfu=0.1,
                  compile_s=20.0 if p == "train" else 3.0)
@@ -42,7 +44,8 @@ def test_summary_counts_tests_and_reads_every_part(tmp_path):
     gpu_summary.main(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tests"] == {"passed": 14, "failed": 3, "skipped": 3}
-    assert summary["parts"] == {"tests": {"exit": 0, "seconds": 95}, "route": {"exit": 0, "seconds": 25}}
+    assert summary["parts"] == {"tests": {"exit": 0, "seconds": 95, "side_by_side": True}, "route": {"exit": 0, "seconds": 25},
+                                "bench_fused": {"exit": 0, "seconds": 40}}  # the last line: before side_by_side was written
     assert summary["train"]["train_delta"] == dict(residual="rd", device="cuda", dtype="bfloat16", tokens_per_s=1000.0,
                                                    mfu=0.25, val_loss=2.5)
     assert summary["train"]["train_rd_dlr"] is None and summary["bench_eager_plain"] is None
@@ -62,6 +65,74 @@ def test_gpu_check_benches_at_the_route_parts_fastest_tiles(tmp_path):
     (tmp_path / "route.json").write_text(json.dumps(dict(fastest_tile="1024:1:prefetch", fastest_paired_tile="4096:4")))
     assert (subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout
             == "[--route_tile=1024:1:prefetch --paired_route_tile=4096:4]\n")
+
+
+FAKE_PYTHON = """#!{python}
+# python3 for gpu_check.sh without a GPU: a part's command is written down with its start and end times (and the
+# route part writes a route.json); `python3 -c ...` and the summary run for real
+import json, os, sys, time
+args = sys.argv[1:]
+if args[0] == "-c" or args[0].endswith("gpu_summary.py"):
+    os.execv(sys.executable, [sys.executable, *args])
+command = " ".join(args)
+with open(os.environ["FAKE_RECORD"], "a") as f:
+    f.write(json.dumps(["start", time.time(), command]) + "\\n")
+print("ran", command)
+time.sleep(0.5)
+for arg in args:
+    if arg.startswith("--json=") and arg.endswith("route.json"):
+        open(arg[len("--json="):], "w").write(json.dumps(dict(fastest_tile="1024:1", fastest_paired_tile="4096:4")))
+with open(os.environ["FAKE_RECORD"], "a") as f:
+    f.write(json.dumps(["end", time.time(), command]) + "\\n")
+"""
+
+
+def test_gpu_check_runs_the_checks_side_by_side_and_the_timings_alone(tmp_path):
+    """tools/gpu_check.sh, every default part, with a python3 that only notes what it was asked to run: tests,
+    training and sampling, and the warm-up of the route's kernels run at once (three lanes); the default
+    tile's warm-up before the other tiles', which run at once; the route part after all of them, alone, and
+    the bench after it, at route.json's tiles. The log has each part's output under its own heading, in a
+    fixed order, and the summary marks the parts that ran side by side. A GPU lease is too short to find
+    that out there."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    record, out = tmp_path / "record.jsonl", tmp_path / "out"
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}", FAKE_RECORD=str(record))
+    result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), str(out)], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in record.read_text().splitlines()]
+    start = {command: t for kind, t, command in events if kind == "start"}
+    end = {command: t for kind, t, command in events if kind == "end"}
+
+    def one(*words):  # the command with all these words
+        [command] = [c for c in start if all(w in c.split() for w in words)]
+        return command
+    tests, train, warm = one("-m", "pytest"), one("prepare.py"), "route_kernels.py --warm"  # warm: the default tile's
+    assert max(start[tests], start[train], start[warm]) < min(end[tests], end[train], end[warm])  # three lanes at once
+    tile_warms = [c for c in start if "--warm" in c and "--tiles=" in c]
+    assert len(tile_warms) == 4 and min(start[c] for c in tile_warms) > end[warm]
+    assert max(start[c] for c in tile_warms) < min(end[c] for c in tile_warms)  # the other tiles at once
+    route, bench_fused = one("route_kernels.py", f"--json={out}/route.json"), one("bench.py", f"--json={out}/bench_eager_fused.json")
+    side_by_side = [c for c in start if c not in (route, bench_fused) and "bench.py" not in c]
+    assert start[route] > max(end[c] for c in side_by_side) and start[bench_fused] > end[route]
+    assert "--route_tile=1024:1" in bench_fused.split() and "--paired_route_tile=4096:4" in bench_fused.split()
+    assert "--tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4" in route.split()
+
+    log = (out / "gpu_check.log").read_text()
+    names = ["tests", "prepare", "train_delta", "train_rd_dlr", "sample", "fold", "sample_folded", "route_warm", "route",
+             "bench_fused", "bench_plain"]
+    headings = [log.index(f"=== {name} (limit") for name in names]
+    assert headings == sorted(headings)
+    commands = [tests, train, one("train.py", f"--out_dir={out}/train_delta"), one("--residual=rd"), one("sample.py", "--max_new_tokens=200"),
+                one("fold.py"), one("sample.py", "--max_new_tokens=100"), warm, route, bench_fused, one("--fused_route=false")]
+    for name, at, command in zip(names, headings, commands):
+        assert at < log.index(f"ran {command}\n") < log.index(f"=== {name}: exit 0")  # between its heading and its end
+    parts = json.loads((out / "summary.json").read_text())["parts"]
+    assert sorted(parts) == sorted(names) and all(p["exit"] == 0 for p in parts.values())
+    assert [name for name in names if parts[name].get("side_by_side")] == names[:8]
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "bf16_sources_check.sh"])

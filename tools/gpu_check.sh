@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# The GPU check: what this project promises on one CUDA GPU, in one command, in about 7 minutes on a
-# fresh machine (much of it Python, CUDA and Triton starting up), into one log and one JSON summary:
+# The GPU check: what this project promises on one CUDA GPU, in one command, into one log and one JSON
+# summary. The parts that only check that something works (tests, training, sampling, compiling the route's
+# kernels) run side by side first; the parts that time (route, bench, compiled) then run one at a time,
+# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04): about 4 minutes on a fresh
+# machine, where they took about 7 one after another; the first run will say (each part's seconds are in
+# the log and the summary).
 #
 #     tools/gpu_check.sh [OUT_DIR [PART ...]]    # default gpu_check/, every part; OUT_DIR/summary.json
 #
-# The parts, in order (name them to run only those; the summary reads whatever OUT_DIR holds):
+# The parts (name them to run only those; the summary reads whatever OUT_DIR holds):
+# side by side (their speed is not a measurement: the train logs' tokens/s are taken beside the tests)
 #   tests   tests/test_gpu.py and tests/test_route_kernels.py on the GPU (pytest-xdist's -n 8 where installed)
 #   train   python train.py, 200 iterations on the GPU: the default (a delta model) and rd with low-rank
-#           DLR linears, each with its tokens/s and MFU in its log
+#           DLR linears
 #   sample  sample.py from the first; fold.py on the second, then sample.py from the folded checkpoint
+#   (route) route_warm: the route part's kernels compiled into Triton's cache (route_kernels.py --warm), the
+#           default tile first, then the other tiles at once, so the timed route part compiles nothing
+# then one at a time
 #   route   one route over 25 sources against its memory-traffic floor and a copy of as many bytes
 #           (python route_kernels.py), two routes paired in one pass against two routes (rd), and the
 #           fused route at four other tiles: a one-warp program (1024:1), whose per-token sums need no
@@ -31,41 +39,64 @@ out=${1:-gpu_check}
 shift || true
 parts=${*:-tests train sample route bench}
 mkdir -p "$out"
+rm -rf "$out/logs" && mkdir "$out/logs"  # this run's parts' logs; the log keeps every run's
 log="$out/gpu_check.log"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET  # the compiled kernels, not the CPU interpreter the CPU tests use
 
-part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its output appended to the log
+part() {  # part NAME SECONDS COMMAND...: run it under a time limit into logs/NAME.log (to the log: to_log)
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
-  echo "=== $name (limit ${limit} s): $*" | tee -a "$log"
-  timeout "$limit" "$@" >>"$log" 2>&1
+  echo "=== $name (limit ${limit} s): $*" | tee "$out/logs/$name.log"
+  timeout "$limit" "$@" >>"$out/logs/$name.log" 2>&1
   rc=$?
-  echo "=== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$log"
-  echo "$name $rc $((SECONDS - t0))" >>"$out/parts.txt"
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$out/logs/$name.log"
+  echo "$name $rc $((SECONDS - t0)) ${side_by_side:-}" >>"$out/parts.txt"  # one short line: appends from parallel parts stay whole
+}
+to_log() {  # to_log NAME...: the logs of the parts that ran this time, appended to the log in this order
+  local name
+  for name; do [[ -f "$out/logs/$name.log" ]] && cat "$out/logs/$name.log" >>"$log"; done
+  return 0
 }
 wants() { [[ " $parts " == *" $1 "* ]]; }
 # a rerun adds to the log and to parts.txt (the summary keeps each part's latest result): say when and what
 echo "##### $(date -u '+%Y-%m-%d %H:%M UTC'): tools/gpu_check.sh $out $parts" | tee -a "$log"
 
+route_tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4  # the route part's tiles besides the default
+
+# Side by side: each lane a background job, its parts in order; the summary marks their parts "side_by_side".
+side_by_side=side_by_side
 if wants tests; then
   workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-  part tests 300 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_route_kernels.py --junitxml="$out/tests.xml"
+  part tests 300 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_route_kernels.py --junitxml="$out/tests.xml" &
 fi
-if wants train; then
-  part prepare 60 python3 prepare.py
-  part train_delta 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --out_dir="$out/train_delta"
-  part train_rd_dlr 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --residual=rd \
-    --lowrank_rank=32 --dlr=True --out_dir="$out/train_rd_dlr"
+if wants train || wants sample; then
+  (
+    if wants train; then
+      part prepare 60 python3 prepare.py
+      part train_delta 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --out_dir="$out/train_delta"
+      part train_rd_dlr 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --residual=rd \
+        --lowrank_rank=32 --dlr=True --out_dir="$out/train_rd_dlr"
+    fi
+    if wants sample; then
+      part sample 60 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200
+      part fold 60 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
+      part sample_folded 60 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
+    fi
+  ) &
 fi
-if wants sample; then
-  part sample 60 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200
-  part fold 60 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
-  part sample_folded 60 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
+if wants route; then  # the default tile first (every --warm compiles it), then one process per other tile
+  part route_warm 240 bash -c "python3 route_kernels.py --warm && tr , '\n' <<< $route_tiles | xargs -P 8 -I{} python3 route_kernels.py --warm --tiles={}" &
 fi
+wait
+to_log tests prepare train_delta train_rd_dlr sample fold sample_folded route_warm
+
+# One at a time, alone on the GPU: the parts that time
+side_by_side=
 if wants route; then
   rm -f "$out/route.json"  # a failed or timed-out route part must not leave an earlier run's tile to the bench
-  part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4
+  part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=$route_tiles
+  to_log route
 fi
 # the route part's fastest tiles, one route's and a pair's, for the bench parts (see "bench" above); none
 # without its JSON: the defaults
@@ -80,6 +111,7 @@ if wants bench; then
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,delta/res_blocks=0,rd/res_blocks=0,rd/res_blocks=4
   part bench_plain 120 "${bench[@]}" --json="$out/bench_eager_plain.json" --fused_route=false \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,rd/res_blocks=4
+  to_log bench_fused bench_plain
 fi
 if wants compiled; then
   part bench_compiled 360 env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \
@@ -88,5 +120,6 @@ if wants compiled; then
   if [[ -f "$out/train_delta/ckpt.pt" ]]; then
     part sample_compiled 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200 --compile
   fi
+  to_log bench_compiled sample_compiled
 fi
 python3 tools/gpu_summary.py "$out" | tee -a "$log"

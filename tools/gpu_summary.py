@@ -3,9 +3,11 @@ The GPU check's summary (tools/gpu_check.sh writes the parts, this reads them ba
 
     python tools/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
 
-The machine (GPU, torch, Triton, date), the code's commit, each part's exit code and seconds, the test counts from
-pytest's JUnit XML, the training runs' tokens/s and MFU (median of their logged iterations after the
-first 20, which include warm-up), and each bench row's ratios to standard.
+The machine (GPU, torch, Triton, date), the code's commit, each part's exit code and seconds (and whether it
+ran side by side with others), the test counts from pytest's JUnit XML, the training runs' tokens/s and MFU
+(median of their logged iterations after the first 20, which include warm-up; taken beside the tests, so
+they say that training runs on the GPU, not how fast: bench.py's rows do), and each bench row's ratios to
+standard.
 """
 
 import json
@@ -72,8 +74,8 @@ def main(out):
     parts = {}
     if (out / "parts.txt").exists():
         for line in (out / "parts.txt").read_text().splitlines():
-            name, rc, seconds = line.split()
-            parts[name] = {"exit": int(rc), "seconds": int(seconds)}
+            name, rc, seconds, *side_by_side = line.split()  # side_by_side: run beside other parts, not alone
+            parts[name] = {"exit": int(rc), "seconds": int(seconds)} | ({"side_by_side": True} if side_by_side else {})
     summary = {
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version(),
