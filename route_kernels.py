@@ -443,7 +443,7 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
     GB/s below is that floor divided by the measured time; the ceiling is a plain copy of as many
     bytes, timed beside it. Also timed: two routes over the sources in one pass (fused_route's query2,
     rd's layout) against two fused routes. tiles: other (tile elements, warps, prefetch) to time the fused
-    route with; the pair is timed at the fastest of them too (fastest_tile, fastest_paired_tile).
+    route and the pair with; the fastest of each: fastest_tile, fastest_paired_tile.
     timer(fn) -> milliseconds a call, triton.testing.do_bench by default (CUDA only); the tests pass
     another to run all of this on the CPU, in the interpreter.
     """
@@ -512,25 +512,21 @@ def benchmark_route(m=25, B=16, T=1024, d=768, dtype=torch.bfloat16, tiles=(), d
         result[name.replace(" ", "_")] = time_route(name, route, *floor_pair)
     speedup = result["2_routes"]["fwd_bwd_ms"] / result["paired"]["fwd_bwd_ms"]
     print(f"  paired: {speedup:.2f}x the speed of two routes, forward+backward")
-    result["tiles"] = []
-    for elements, warps, prefetch in tiles:  # each tile shape compiles its own kernels at its first call
-        name = tile_name(elements, warps, prefetch)
+    # A pair holds twice a route's state per token (at 1024:1 the paired backward compiles to 240 registers, one
+    # route's to 128), so the tile that suits one route may not suit two: the pair is timed at every tile as well,
+    # and runs at its own fastest. Each tile compiles its own kernels at its first call (or finds them compiled
+    # by warm_route, as tools/gpu_check.sh does it, beside its tests).
+    result["tiles"], result["paired_tiles"] = [], []
+    for elements, warps, prefetch in tiles:
+        tile = dict(tile=tile_name(elements, warps, prefetch), tile_elements=elements, num_warps=warps, prefetch=prefetch)
         with tile_shape(elements, warps, prefetch):
             fwd_bwd(fused_route)()
-            result["tiles"].append(dict(tile=name, tile_elements=elements, num_warps=warps, prefetch=prefetch,
-                                        **time_route(name, fused_route)))
+            fwd_bwd(paired)()
+            result["tiles"].append(dict(tile, **time_route(tile["tile"], fused_route)))
+            result["paired_tiles"].append(dict(tile, **time_route(f"paired {tile['tile']}", paired, *floor_pair)))
     result["default_tile"] = tile_name(*tile_for(1))
     result["default_paired_tile"] = tile_name(*tile_for(2))  # the same, unless PAIRED_TILE is set
     result["fastest_tile"] = fastest_tile(result)
-    # A pair holds twice a route's state per token, so one route's fastest tile may not suit two: where that
-    # tile is not the default, the pair is timed there too (one more compile, where a pair at every tile
-    # would cost one per tile), and runs at whichever of the two was faster for it.
-    result["paired_tiles"] = []
-    for t in result["tiles"]:
-        if t["tile"] == result["fastest_tile"]:
-            with tile_shape(t["tile_elements"], t["num_warps"], t["prefetch"]):
-                fwd_bwd(paired)()
-                result["paired_tiles"].append(dict(t, **time_route(f"paired {t['tile']}", paired, *floor_pair)))
     result["fastest_paired_tile"] = fastest_tile(result, paired=True)
     if tiles:
         for routes, key, default in (("one route", "fastest_tile", "default_tile"),

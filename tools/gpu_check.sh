@@ -18,8 +18,8 @@
 #           default tile first, then the other tiles at once, so the timed route part compiles nothing
 # then one at a time
 #   route   one route over 25 sources against its memory-traffic floor and a copy of as many bytes
-#           (python route_kernels.py), two routes paired in one pass against two routes (rd), and the
-#           fused route at four other tiles: a one-warp program (1024:1), whose per-token sums need no
+#           (python route_kernels.py), two routes paired in one pass against two routes (rd), and both
+#           at four other tiles: a one-warp program (1024:1), whose per-token sums need no
 #           barrier, with and without prefetching the next source; the default tile with prefetching, so
 #           the next load overlaps this source's barriers; more programs per multiprocessor (2048:4). What
 #           each compiles to: python route_kernels.py --compile_for=90 --tiles=... (no GPU needed)
@@ -27,7 +27,7 @@
 #           route, then with model.py's plain route, side by side within each run. The fused route runs
 #           at the route part's fastest tile (the default unless another was 3% faster; the log and
 #           the JSON say which), so one lease finds a better tile and benches the model with it. rd's
-#           paired kernels are timed there too, and run there or at the default, whichever was faster
+#           paired kernels run at their own fastest tile: the route part times the pair at every tile too
 # and, when named (~4 minutes more):
 #   compiled  bench.py --compile (at the same tiles) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
 #             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
