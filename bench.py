@@ -57,6 +57,9 @@ def parse_args():
     p.add_argument("--peak_tflops", type=float, default=0.0, help="MFU's peak, TFLOP/s (default: as train.py)")
     p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False,
                    help="torch.compile every model's training step, and apart from it its one-token decode step")
+    p.add_argument("--compile_sublayers", type=boolean, nargs="?", const=True, default=False,
+                   help="with --compile: the training step compiles each layer's sublayers (two graphs every layer "
+                        "and row shares), not the whole model; the routes run eager (model.compile_sublayers)")
     p.add_argument("--fused_route", default="auto", type=lambda s: s if s == "auto" else boolean(s),
                    help="auto (the fused Triton route on CUDA) | true | false (model.py's plain route)")
     p.add_argument("--route_tile", default=None, metavar="ELEMENTS:WARPS[:prefetch]",
@@ -84,6 +87,8 @@ def parse_args():
     args = p.parse_args()
     if bool(args.plot) != bool(args.inputs):
         p.error("--plot and JSON files go together: python bench.py --plot=OUT.png A.json B.json ...")
+    if args.compile_sublayers and not args.compile:
+        p.error("--compile_sublayers chooses what --compile compiles: pass --compile as well")
     try:
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
@@ -144,6 +149,8 @@ class Row:
         # one-token decode step (one graph for every position, a CUDA graph on a GPU); the prefill
         # stays eager, since every prompt length would be a graph of its own
         self.train_forward = torch.compile(self.model) if args.compile else self.model
+        if args.compile and args.compile_sublayers:  # the decode step stays one whole-model graph
+            self.train_forward = self.model.compile_sublayers()
         self.decode_step = self.model.compile_decoding() if args.compile else lambda t, c: self.model(t, cache=c)[0]
         self.compile_s = {}  # phase -> seconds of its first (compiling) call, with --compile
         g = torch.Generator().manual_seed(0)
@@ -233,7 +240,8 @@ def plot_width(paths, out):
         except (OSError, json.JSONDecodeError) as e:
             die(f"cannot read {path} ({e}); give files written by bench.py --json")
         try:
-            setting = f"{'compiled' if data['compile'] else 'eager'} {data['dtype']}"
+            compiled = "compiled sublayers" if data.get("compile_sublayers") else "compiled"
+            setting = f"{compiled if data['compile'] else 'eager'} {data['dtype']}"
             width = data["config"]["n_embd"]
             ratios = {(r["name"], r["phase"]): r["ratio"] for r in data["rows"]}
         except (KeyError, TypeError) as e:
@@ -318,7 +326,8 @@ def run(args):
     ctx = autocast(args.device, args.dtype)
 
     peak, peak_source = peak_flops(args.device, args.dtype, args.peak_tflops)
-    print(f"device {args.device}, {args.dtype}{', compiled' if args.compile else ''}, torch threads "
+    compiled = (", compiled (training: the sublayers)" if args.compile_sublayers else ", compiled") if args.compile else ""
+    print(f"device {args.device}, {args.dtype}{compiled}, torch threads "
           f"{torch.get_num_threads()}; matmul peak {peak / 1e12:.2f} TFLOP/s, from {peak_source}")
     print(f"config: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads, context {args.block_size}, "
           f"batch {args.batch_size}, vocab {args.vocab_size}; low-rank rank {rank}")
@@ -371,7 +380,8 @@ def run(args):
               f"{r['reference']:<16} | {mem:>8} | {mem_ratio:>9} | {100 * r['mfu']:>5.1f}% |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile, **provenance(args.device),
+            json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile,
+                       "compile_sublayers": args.compile_sublayers, **provenance(args.device),
                        "triton": triton_version(), "date": time.strftime("%Y-%m-%d"),
                        "fused_route": fused, "route_tile": route_tile() if fused else None,
                        "paired_route_tile": route_tile(2) if fused else None,

@@ -672,6 +672,20 @@ class GPT(nn.Module):
                 m.fold_dlr()
         self.config.dlr = False
 
+    def compile_sublayers(self, **options):
+        """torch.compile each layer's two sublayers (norm and attention, norm and MLP) in place, leaving the
+        routes between them eager: for training, in place of compiling the whole model. Every layer's
+        sublayers run the same code on the same shapes, so two graphs (each with its backward) serve all
+        the layers, and the compile takes about as long at any depth and in every mode. The whole model's
+        graph unrolls every layer and every route, and no two routes read the same number of sources.
+        What it gives up is compiling the routes: on a CPU, the compiled model runs each route as one
+        fused loop. On a GPU, the fused route is one kernel either way. options: torch.compile's.
+        docs/speed.md ("Compiling the sublayers") has the numbers."""
+        for block in self.transformer.h:
+            block.attn_sublayer = torch.compile(block.attn_sublayer, **options)
+            block.mlp_sublayer = torch.compile(block.mlp_sublayer, **options)
+        return self
+
     def compile_decoding(self):
         """A compiled one-token step, step(idx, cache) -> logits, separate from any compiled training
         forward. The cache's shapes never change, so every position runs the same graph (fullgraph:

@@ -550,12 +550,12 @@ def fastest_tile(result, margin=FASTER_BY, paired=False):
 
 def warm_route(m=25, d=768, dtype=torch.bfloat16, tiles=(), device="cuda"):
     """Compile, without timing, the kernels benchmark_route(m=m, d=d, dtype=dtype, tiles=tiles) launches: one
-    route and two paired, forward and backward, at the default tiles and at each of `tiles` (the pair at
-    every one, as the benchmark times it at whichever wins). Each launches once over 16 tokens. Triton
-    compiles a kernel for its compile-time arguments (tile, bucket, width), the dtypes, and whether each int
-    is 1 or a multiple of 16, not for the ints themselves: 16 tokens and the benchmark's 16 x 1024 get the
-    same code, so Triton's cache on disk then serves the benchmark's first calls, in another process.
-    tools/gpu_check.sh runs this beside the tests, so the timed route part, alone on the GPU, compiles nothing."""
+    route and two paired, forward and backward, at the default tiles and at each of `tiles`. Each launches
+    once over 16 tokens. Triton compiles a kernel for its compile-time arguments (tile, bucket, width), the
+    dtypes, and whether each int is 1 or a multiple of 16, not for the ints themselves: 16 tokens and the
+    benchmark's 16 x 1024 get the same code, so Triton's cache on disk then serves the benchmark's first
+    calls, in another process. tools/gpu_check.sh runs this beside the tests, so the timed route part,
+    alone on the GPU, compiles nothing."""
     torch.manual_seed(0)
     sources = [torch.randn(1, 16, d, device=device, dtype=dtype, requires_grad=True) for _ in range(m)]
     query, query2 = (torch.randn(d, device=device, requires_grad=True) for _ in range(2))

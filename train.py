@@ -80,6 +80,7 @@ min_lr = 1e-4  # the learning rate after decay, ~= learning_rate / 10 per Chinch
 device = "auto"  # auto (cuda, mps, then cpu) | cpu | cuda | cuda:1 | mps
 dtype = "auto"  # auto (GPU: bfloat16, or float16 where it is emulated; CPU, MPS: float32) | float32 | bfloat16 | float16
 compile = False  # torch.compile the model
+compile_sublayers = False  # with compile: compile each layer's sublayers (two graphs every layer shares), routes left eager
 fused_route = True  # on CUDA, routes run as one Triton kernel each where Triton imports (False: model.py's plain route)
 bf16_sources = True  # fused route under bfloat16: routing sources (and block sums) in bfloat16, math in float32 (False: float32)
 peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure, else a measured matmul
@@ -114,6 +115,8 @@ except ValueError as e:
     die(e)
 if dtype == "float16" and device_type != "cuda":
     die(f"dtype=float16 needs a gradient scaler, which is CUDA only: use bfloat16 or float32 on {device_type}")
+if compile_sublayers and not compile:
+    die("compile_sublayers=True chooses what compile=True compiles: set compile=True as well")
 if gradient_accumulation_steps % world_size:
     die(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the {world_size} ranks")
 for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps"):
@@ -292,7 +295,10 @@ if init_from == "resume":
               "the training windows continue exactly, the dropout streams start afresh")
 ckpt = state = None  # free the memory
 start_iter = iter_num
-model = torch.compile(raw_model) if compile else raw_model
+if compile and compile_sublayers:  # a compile as short at any depth (model.compile_sublayers; docs/speed.md)
+    model = raw_model.compile_sublayers()
+else:
+    model = torch.compile(raw_model) if compile else raw_model
 # the model's buffers (DLR's fixed matrices) are constants: nothing to broadcast
 # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, not in a second copy
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False,

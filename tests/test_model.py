@@ -10,6 +10,7 @@ LN(h/m) = (h - mean) / sqrt(var + eps m^2), which differs from LN(h) when var is
 (test_zero_queries_default_eps_bound measures this).
 """
 
+import copy
 import math
 
 import pytest
@@ -582,6 +583,31 @@ def test_compiled_training_forward_is_one_graph(mode, res_blocks):
         _, loss = step(idx, targets=idx)
         loss.backward()
     assert backend.graphs == 1
+
+
+@pytest.mark.parametrize("mode,res_blocks,n_layer", [("standard", 0, 3), ("attnres", 0, 3), ("attnres", 0, 5),
+                                                     ("delta", 2, 3), ("rd", 0, 3)])
+def test_compiled_sublayers_are_two_graphs_at_any_depth(mode, res_blocks, n_layer):
+    """model.compile_sublayers(): every layer runs the same two compiled sublayers, attention and MLP, so
+    dynamo compiles two graphs whatever the depth and the mode (the whole model would unroll every layer
+    and route into one). Same losses and gradients as the eager model, bit for bit: the backend here runs
+    each graph as captured, the same operations in the same order."""
+    torch._dynamo.reset()
+    eager = make_model(residual=mode, res_blocks=res_blocks, n_layer=n_layer, dropout=0.1, exact=False).train()
+    compiled = copy.deepcopy(eager)
+    backend = CountingBackend()
+    assert compiled.compile_sublayers(backend=backend, fullgraph=True) is compiled
+    idx = batch(t=16)
+    for model in (eager, compiled):
+        for _ in range(2):
+            torch.manual_seed(0)  # the same dropout masks
+            _, loss = model(idx, targets=idx)
+            loss.backward()
+        model.final_loss = loss
+    assert backend.graphs == 2
+    assert torch.equal(eager.final_loss, compiled.final_loss)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), name
 
 
 # -----------------------------------------------------------------------------
