@@ -116,6 +116,11 @@ def test_an_unknown_row_is_a_one_line_error():
     assert "unknown row(s) ['attnres/res_blocks=3']" in result.stderr
 
 
+def test_compile_sublayers_asks_for_compile():
+    result = run_bench("--compile_sublayers")
+    assert result.returncode == 2 and "--compile_sublayers chooses what --compile compiles: pass --compile as well" in result.stderr
+
+
 def test_a_size_no_row_can_take_is_a_one_line_error():
     # 3 layers = 6 sublayers: the attnres/res_blocks=4 row cannot split them into 4 blocks
     result = run_bench("--n_layer=3", "--rows=attnres/res_blocks=4")

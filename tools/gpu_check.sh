@@ -28,10 +28,13 @@
 #           at the route part's fastest tile (the default unless another was 3% faster; the log and
 #           the JSON say which), so one lease finds a better tile and benches the model with it. rd's
 #           paired kernels run at their own fastest tile: the route part times the pair at every tile too
-# and, when named (~4 minutes more):
-#   compiled  bench.py --compile (at the same tiles) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
+# and, when named:
+#   compiled  (~4 minutes more) bench.py --compile (at the same tiles) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
 #             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
 #             compile times, and what recompiled or broke a graph (TORCH_LOGS); sample.py --compile
+#   compiled_sublayers  (~2 minutes more) the same bench with --compile_sublayers: each layer's two sublayers compiled (two
+#             graphs every layer and row shares), the routes between them eager: its compile time and speed
+#             beside the whole model's
 # Each part has a time limit, and a failed part does not stop the others: the summary says which passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -101,7 +104,7 @@ fi
 # the route part's fastest tiles, one route's and a pair's, for the bench parts (see "bench" above); none
 # without its JSON: the defaults
 route_tile=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("--route_tile=%s --paired_route_tile=%s" % (r["fastest_tile"], r["fastest_paired_tile"]))' "$out/route.json" 2>/dev/null)
-if [[ -n $route_tile ]] && { wants bench || wants compiled; }; then
+if [[ -n $route_tile ]] && { wants bench || wants compiled || wants compiled_sublayers; }; then
   echo "=== the bench parts' route tiles: $route_tile ($out/route.json's fastest)" | tee -a "$log"
 fi
 if wants bench; then
@@ -121,5 +124,12 @@ if wants compiled; then
     part sample_compiled 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200 --compile
   fi
   to_log bench_compiled sample_compiled
+fi
+if wants compiled_sublayers; then
+  part bench_compiled_sublayers 240 env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 \
+    --n_layer=12 --n_embd=768 --n_head=12 --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile \
+    --compile_sublayers $route_tile --json="$out/bench_compiled_sublayers.json" \
+    --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0
+  to_log bench_compiled_sublayers
 fi
 python3 tools/gpu_summary.py "$out" | tee -a "$log"

@@ -87,6 +87,7 @@ def main(out):
         "bench_eager_fused": bench(out / "bench_eager_fused.json"),
         "bench_eager_plain": bench(out / "bench_eager_plain.json"),
         "bench_compiled_fused": bench(out / "bench_compiled_fused.json"),
+        "bench_compiled_sublayers": bench(out / "bench_compiled_sublayers.json"),
         "route": json.loads((out / "route.json").read_text()) if (out / "route.json").exists() else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
