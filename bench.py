@@ -58,7 +58,7 @@ def parse_args():
     p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False,
                    help="torch.compile every model's training step, and apart from it its one-token decode step")
     p.add_argument("--compile_sublayers", type=boolean, nargs="?", const=True, default=False,
-                   help="with --compile: the training step compiles each layer's sublayers (two graphs every layer "
+                   help="with --compile: the training step compiles each layer's sublayers (graphs that every layer "
                         "and row shares), not the whole model; the routes run eager (model.compile_sublayers)")
     p.add_argument("--fused_route", default="auto", type=lambda s: s if s == "auto" else boolean(s),
                    help="auto (the fused Triton route on CUDA) | true | false (model.py's plain route)")

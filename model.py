@@ -675,15 +675,24 @@ class GPT(nn.Module):
     def compile_sublayers(self, **options):
         """torch.compile each layer's two sublayers (norm and attention, norm and MLP) in place, leaving the
         routes between them eager: for training, in place of compiling the whole model. Every layer's
-        sublayers run the same code on the same shapes, so two graphs (each with its backward) serve all
-        the layers, and the compile takes about as long at any depth and in every mode. The whole model's
-        graph unrolls every layer and every route, and no two routes read the same number of sources.
-        What it gives up is compiling the routes: on a CPU, the compiled model runs each route as one
-        fused loop. On a GPU, the fused route is one kernel either way. options: torch.compile's.
-        docs/speed.md ("Compiling the sublayers") has the numbers."""
+        sublayers run the same code on the same shapes, so two graphs (each with its backward; two more
+        for evaluation) serve all the layers, and the compile takes about as long at any depth and in
+        every mode. The whole model's graph unrolls every layer and every route, and no two routes read
+        the same number of sources. What it gives up is compiling the routes: on a CPU, the compiled model
+        runs each route as one fused loop. On a GPU, the fused route is one kernel either way. Attention
+        with a key-value cache (generation) stays eager: which layer's cache it writes would make every
+        layer a graph of its own (compile_decoding compiles that step whole). options: torch.compile's.
+        docs/speed.md ("Compiling the sublayers") has the numbers. Once per model: a second call does nothing."""
+        if getattr(self, "sublayers_compiled", False):
+            return self
         for block in self.transformer.h:
-            block.attn_sublayer = torch.compile(block.attn_sublayer, **options)
+            attn_eager, attn_compiled = block.attn_sublayer, torch.compile(block.attn_sublayer, **options)
+
+            def attn_sublayer(x, x_v=None, cache=None, layer=None, eager=attn_eager, compiled=attn_compiled):
+                return (compiled if cache is None else eager)(x, x_v, cache, layer)
+            block.attn_sublayer = attn_sublayer
             block.mlp_sublayer = torch.compile(block.mlp_sublayer, **options)
+        self.sublayers_compiled = True
         return self
 
     def compile_decoding(self):

@@ -552,9 +552,9 @@ def warm_route(m=25, d=768, dtype=torch.bfloat16, tiles=(), device="cuda"):
     """Compile, without timing, the kernels benchmark_route(m=m, d=d, dtype=dtype, tiles=tiles) launches: one
     route and two paired, forward and backward, at the default tiles and at each of `tiles`. Each launches
     once over 16 tokens. Triton compiles a kernel for its compile-time arguments (tile, bucket, width), the
-    dtypes, and whether each int is 1 or a multiple of 16, not for the ints themselves: 16 tokens and the
-    benchmark's 16 x 1024 get the same code, so Triton's cache on disk then serves the benchmark's first
-    calls, in another process. tools/gpu_check.sh runs this beside the tests, so the timed route part,
+    dtypes, whether each int is 1 or a multiple of 16 and each pointer 16-byte aligned (PyTorch's
+    allocations always are), not for the ints themselves: 16 tokens and the benchmark's 16 x 1024 get the
+    same code, so Triton's cache on disk then serves the benchmark's first calls, in another process. tools/gpu_check.sh runs this beside the tests, so the timed route part,
     alone on the GPU, compiles nothing."""
     torch.manual_seed(0)
     sources = [torch.randn(1, 16, d, device=device, dtype=dtype, requires_grad=True) for _ in range(m)]
@@ -572,6 +572,8 @@ def warm_route(m=25, d=768, dtype=torch.bfloat16, tiles=(), device="cuda"):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
     names = [tile_name(*tile_for(1)), *(tile_name(*tile) for tile in tiles)]
+    if tile_for(2) != tile_for(1):
+        names.append(f"the pair's default {tile_name(*tile_for(2))}")
     print(f"route kernels for {m} sources of width {d} {dtype}, one route and a pair, both ways, at "
           f"{', '.join(names)}: compiled (or found in Triton's cache) in {time.perf_counter() - start:.1f} s")
 
@@ -722,6 +724,8 @@ if __name__ == "__main__":
         parser.error("--m and --d must be at least 1")
     if args.warm and args.compile_for is not None:
         parser.error("--warm compiles on this machine's GPU, --compile_for for another: pass one of them")
+    if args.warm and args.json:
+        parser.error("--warm times nothing, so it writes no --json: drop one of them")
     if args.compile_for is not None:
         from common import git_commit
         try:

@@ -586,17 +586,21 @@ def test_compiled_training_forward_is_one_graph(mode, res_blocks):
 
 
 @pytest.mark.parametrize("mode,res_blocks,n_layer", [("standard", 0, 3), ("attnres", 0, 3), ("attnres", 0, 5),
-                                                     ("delta", 2, 3), ("rd", 0, 3)])
+                                                     ("delta", 2, 3), ("rd", 0, 3), ("rd", 0, 5)])
 def test_compiled_sublayers_are_two_graphs_at_any_depth(mode, res_blocks, n_layer):
     """model.compile_sublayers(): every layer runs the same two compiled sublayers, attention and MLP, so
-    dynamo compiles two graphs whatever the depth and the mode (the whole model would unroll every layer
-    and route into one). Same losses and gradients as the eager model, bit for bit: the backend here runs
-    each graph as captured, the same operations in the same order."""
+    dynamo compiles two graphs for training whatever the depth and the mode (the whole model would unroll
+    every layer and route into one). Same losses and gradients as the eager model, bit for bit: the
+    backend here runs each graph as captured, the same operations in the same order. Generating with the
+    key-value cache afterwards adds the MLP's graphs for evaluation, for the prompt and for one token, and
+    none per layer: attention with a cache stays eager (which layer's cache it writes would tell the layers
+    apart). The same tokens as the eager model's."""
     torch._dynamo.reset()
     eager = make_model(residual=mode, res_blocks=res_blocks, n_layer=n_layer, dropout=0.1, exact=False).train()
     compiled = copy.deepcopy(eager)
     backend = CountingBackend()
     assert compiled.compile_sublayers(backend=backend, fullgraph=True) is compiled
+    assert compiled.compile_sublayers(backend=backend) is compiled  # a second call changes nothing
     idx = batch(t=16)
     for model in (eager, compiled):
         for _ in range(2):
@@ -608,6 +612,10 @@ def test_compiled_sublayers_are_two_graphs_at_any_depth(mode, res_blocks, n_laye
     assert torch.equal(eager.final_loss, compiled.final_loss)
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), name
+    prompt = batch(b=1, t=5)
+    tokens = [torch.cat(list(model.eval().generate_tokens(prompt, 6, temperature=0)), dim=1) for model in (eager, compiled)]
+    assert torch.equal(*tokens)
+    assert backend.graphs == 4
 
 
 # -----------------------------------------------------------------------------

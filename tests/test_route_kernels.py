@@ -430,13 +430,13 @@ def test_route_benchmark_times_the_pair_at_every_tile(monkeypatch, pair_ms):
 
 def record_compiles(monkeypatch):
     """The set of kernel specialisations launched from now on: what Triton compiles a kernel for at a launch
-    (its compile-time arguments and warps, each pointer's dtype, the source tuples' length, and whether
-    each int is 1 or a multiple of 16), read from the launches themselves."""
+    (its compile-time arguments and warps, each pointer's dtype and whether it is 16-byte aligned, the
+    source tuples' length, and whether each int is 1 or a multiple of 16), read from the launches themselves."""
     seen = set()
 
     def specialisation(value):
         if isinstance(value, torch.Tensor):
-            return str(value.dtype)
+            return str(value.dtype), value.data_ptr() % 16 == 0
         if isinstance(value, tuple):
             return tuple(map(specialisation, value))
         return ("int", value == 1, value % 16 == 0) if isinstance(value, int) else value
@@ -458,7 +458,7 @@ def record_compiles(monkeypatch):
 
 def test_warming_compiles_every_kernel_the_route_benchmark_launches(monkeypatch):
     """`route_kernels.py --warm --tiles=...` (tools/gpu_check.sh runs it beside the tests) launches, at 16
-    tokens, every specialisation the timed benchmark with those tiles launches at its token count (here 2 x 8,
+    tokens, every specialisation the timed benchmark with those tiles launches at its token count (here 4 x 64,
     a multiple of 16 like the GPU's 16 x 1024), and no other: the timing run then finds them all in Triton's
     cache, and no compile was wasted."""
     tiles = kernels.parse_tiles("64:1,1024:1:prefetch")
@@ -466,7 +466,7 @@ def test_warming_compiles_every_kernel_the_route_benchmark_launches(monkeypatch)
     kernels.warm_route(m=3, d=16, dtype=torch.bfloat16, tiles=tiles, device=DEVICE)
     warmed = set(seen)
     seen.clear()
-    kernels.benchmark_route(m=3, B=2, T=8, d=16, dtype=torch.bfloat16, device=DEVICE, tiles=tiles,
+    kernels.benchmark_route(m=3, B=4, T=64, d=16, dtype=torch.bfloat16, device=DEVICE, tiles=tiles,
                             timer=lambda fn: (fn(), 1.0)[1])
     benchmarked = set(seen)
     assert benchmarked == warmed, f"not warmed: {benchmarked - warmed}; warmed, not run: {warmed - benchmarked}"

@@ -32,10 +32,13 @@
 #   compiled  (~4 minutes more) bench.py --compile (at the same tiles) on standard, attnres (per sublayer and res_blocks=4) and rd/res_blocks=4:
 #             the training step and the one-token decode step (a CUDA graph) compiled apart, each row's
 #             compile times, and what recompiled or broke a graph (TORCH_LOGS); sample.py --compile
-#   compiled_sublayers  (~2 minutes more) the same bench with --compile_sublayers: each layer's two sublayers compiled (two
+#   compiled_sublayers  (~2 minutes more) the same bench with --compile_sublayers: each layer's two sublayers compiled (the
 #             graphs every layer and row shares), the routes between them eager: its compile time and speed
 #             beside the whole model's
-# Each part has a time limit, and a failed part does not stop the others: the summary says which passed.
+# Each part has a time limit, and a failed part does not stop the others: the summary says which passed. The
+# side-by-side parts share the machine, so their limits are about twice what each took alone; a cold route
+# part (its warm-up failed) compiles its twenty kernels itself, within its own limit. Each part's output is
+# in OUT_DIR/logs/ as it runs; the side-by-side parts' reach the log when all of them have ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check}
@@ -71,25 +74,25 @@ route_tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4  # the route part's ti
 side_by_side=side_by_side
 if wants tests; then
   workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-  part tests 300 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_route_kernels.py --junitxml="$out/tests.xml" &
+  part tests 420 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_route_kernels.py --junitxml="$out/tests.xml" &
 fi
 if wants train || wants sample; then
   (
     if wants train; then
-      part prepare 60 python3 prepare.py
-      part train_delta 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --out_dir="$out/train_delta"
-      part train_rd_dlr 120 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --residual=rd \
+      part prepare 120 python3 prepare.py
+      part train_delta 240 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --out_dir="$out/train_delta"
+      part train_rd_dlr 240 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --residual=rd \
         --lowrank_rank=32 --dlr=True --out_dir="$out/train_rd_dlr"
     fi
     if wants sample; then
-      part sample 60 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200
-      part fold 60 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
-      part sample_folded 60 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
+      part sample 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200
+      part fold 120 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
+      part sample_folded 120 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
     fi
   ) &
 fi
 if wants route; then  # the default tile first (every --warm compiles it), then one process per other tile
-  part route_warm 240 bash -c "python3 route_kernels.py --warm && tr , '\n' <<< $route_tiles | xargs -P 8 -I{} python3 route_kernels.py --warm --tiles={}" &
+  part route_warm 300 bash -c "python3 route_kernels.py --warm && tr , '\n' <<< $route_tiles | xargs -P 8 -I{} python3 route_kernels.py --warm --tiles={}" &
 fi
 wait
 to_log tests prepare train_delta train_rd_dlr sample fold sample_folded route_warm
@@ -98,7 +101,7 @@ to_log tests prepare train_delta train_rd_dlr sample fold sample_folded route_wa
 side_by_side=
 if wants route; then
   rm -f "$out/route.json"  # a failed or timed-out route part must not leave an earlier run's tile to the bench
-  part route 210 python3 route_kernels.py --json="$out/route.json" --tiles=$route_tiles
+  part route 300 python3 route_kernels.py --json="$out/route.json" --tiles=$route_tiles
   to_log route
 fi
 # the route part's fastest tiles, one route's and a pair's, for the bench parts (see "bench" above); none
