@@ -2,9 +2,9 @@
 # The GPU check: what this project promises on one CUDA GPU, in one command, into one log and one JSON
 # summary. The parts that only check that something works (tests, training, sampling, compiling the route's
 # kernels) run side by side first; the parts that time (route, bench, compiled) then run one at a time,
-# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04): about 4 minutes on a fresh
-# machine, where they took about 7 one after another; the first run will say (each part's seconds are in
-# the log and the summary).
+# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04): 4 to 5 minutes on a fresh
+# machine, where one after another they would take about 7; the first run will say (each part's seconds
+# are in the log and the summary).
 #
 #     tools/gpu_check.sh [OUT_DIR [PART ...]]    # default gpu_check/, every part; OUT_DIR/summary.json
 #
