@@ -148,9 +148,10 @@ class Row:
         # --compile: two compiled callables, the training step (one graph and its backward) and the
         # one-token decode step (one graph for every position, a CUDA graph on a GPU); the prefill
         # stays eager, since every prompt length would be a graph of its own
-        self.train_forward = torch.compile(self.model) if args.compile else self.model
-        if args.compile and args.compile_sublayers:  # the decode step stays one whole-model graph
+        if args.compile and args.compile_sublayers:  # the training step's sublayers; the decode step stays whole
             self.train_forward = self.model.compile_sublayers()
+        else:
+            self.train_forward = torch.compile(self.model) if args.compile else self.model
         self.decode_step = self.model.compile_decoding() if args.compile else lambda t, c: self.model(t, cache=c)[0]
         self.compile_s = {}  # phase -> seconds of its first (compiling) call, with --compile
         g = torch.Generator().manual_seed(0)

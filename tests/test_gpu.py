@@ -222,11 +222,13 @@ def test_every_mode_trains_on_the_gpu(data, tmp_path):
         assert {t.device.type for t in tensors if torch.is_tensor(t)} == {"cpu"}, mode
 
 
-@pytest.mark.parametrize("dtype,compile", [("float16", False), ("bfloat16", True)])
-def test_float16_with_its_scaler_and_compiled_training(dtype, compile, data, tmp_path):
-    """float16 (with the gradient scaler) and a compiled bfloat16 run train too; resuming on the GPU works."""
+@pytest.mark.parametrize("dtype,compile,sublayers", [("float16", False, False), ("bfloat16", True, False),
+                                                     ("bfloat16", True, True)])
+def test_float16_with_its_scaler_and_compiled_training(dtype, compile, sublayers, data, tmp_path):
+    """float16 (with the gradient scaler) and a compiled bfloat16 run train too, the whole model compiled or
+    its sublayers (the fused routes between them); resuming on the GPU works."""
     common = [*TRAIN_ON_GPU, f"--dataset={data}", f"--out_dir={tmp_path}", "--residual=rd", f"--dtype={dtype}",
-              f"--compile={compile}", "--eval_interval=4"]
+              f"--compile={compile}", f"--compile_sublayers={sublayers}", "--eval_interval=4"]
     train(*common, "--max_iters=4", cwd=tmp_path)
     train(*common, "--max_iters=8", "--init_from=resume", cwd=tmp_path)
     evals = events(tmp_path, "eval")
