@@ -50,7 +50,7 @@ log="$out/gpu_check.log"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET  # the compiled kernels, not the CPU interpreter the CPU tests use
 
-part() {  # part NAME SECONDS COMMAND...: run it under a time limit into logs/NAME.log (to the log: to_log)
+part() {  # part NAME SECONDS COMMAND...: run it under a time limit into logs/NAME.log, then into the log (side by side: to_log)
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
   echo "=== $name (limit ${limit} s): $*" | tee "$out/logs/$name.log"
@@ -58,8 +58,9 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit into logs/NA
   rc=$?
   echo "=== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$out/logs/$name.log"
   echo "$name $rc $((SECONDS - t0)) ${side_by_side:-}" >>"$out/parts.txt"  # one short line: appends from parallel parts stay whole
+  [[ -n ${side_by_side:-} ]] || cat "$out/logs/$name.log" >>"$log"
 }
-to_log() {  # to_log NAME...: the logs of the parts that ran this time, appended to the log in this order
+to_log() {  # to_log NAME...: the side-by-side parts' logs, those that ran this time, appended to the log in this order
   local name
   for name; do [[ -f "$out/logs/$name.log" ]] && cat "$out/logs/$name.log" >>"$log"; done
   return 0
@@ -102,7 +103,6 @@ side_by_side=
 if wants route; then
   rm -f "$out/route.json"  # a failed or timed-out route part must not leave an earlier run's tile to the bench
   part route 300 python3 route_kernels.py --json="$out/route.json" --tiles=$route_tiles
-  to_log route
 fi
 # the route part's fastest tiles, one route's and a pair's, for the bench parts (see "bench" above); none
 # without its JSON: the defaults
@@ -117,22 +117,19 @@ if wants bench; then
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,delta/res_blocks=0,rd/res_blocks=0,rd/res_blocks=4
   part bench_plain 120 "${bench[@]}" --json="$out/bench_eager_plain.json" --fused_route=false \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,rd/res_blocks=4
-  to_log bench_fused bench_plain
 fi
+# the compiled bench: the training step and the decode step compiled apart, at the same tiles (compiled_sublayers:
+# the training step's sublayers only)
+compiled_bench=(env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768
+                --n_head=12 --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile $route_tile
+                --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0)
 if wants compiled; then
-  part bench_compiled 360 env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 \
-    --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile $route_tile --json="$out/bench_compiled_fused.json" \
-    --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0
+  part bench_compiled 360 "${compiled_bench[@]}" --json="$out/bench_compiled_fused.json"
   if [[ -f "$out/train_delta/ckpt.pt" ]]; then
     part sample_compiled 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200 --compile
   fi
-  to_log bench_compiled sample_compiled
 fi
 if wants compiled_sublayers; then
-  part bench_compiled_sublayers 240 env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device=cuda --dtype=bfloat16 \
-    --n_layer=12 --n_embd=768 --n_head=12 --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile \
-    --compile_sublayers $route_tile --json="$out/bench_compiled_sublayers.json" \
-    --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0
-  to_log bench_compiled_sublayers
+  part bench_compiled_sublayers 240 "${compiled_bench[@]}" --compile_sublayers --json="$out/bench_compiled_sublayers.json"
 fi
 python3 tools/gpu_summary.py "$out" | tee -a "$log"
