@@ -3,11 +3,14 @@ The pictures: those of one grid, which compare.py draws as it writes its results
 compare.py --help, "Output"), and figures that put published grids side by side, from the command line:
 
     python figures.py width docs/compare/depth docs/compare/width --n_layer=8 --out=docs/compare/width/delta_vs_width.png
+    python figures.py depth docs/compare/depth docs/compare/width docs/compare/width16 --out=docs/compare/width16/delta_vs_depth.png
 
 width: each run kind's paired Δ val loss to standard (results.json's, mean ± std over seeds) against
-model width at one depth, from grids that differ in width (a sweep over n_embd, or another config). A
-run's width and depth are read from its train_args.json (its config file and arguments, as train.py
-reads them), not from the grid's name; the plotted numbers are printed as a markdown table.
+model width at one depth, from grids that differ in width (a sweep over n_embd, or another config).
+depth: the same Δ against model depth, a panel per width, from every run of the grids given.
+A run's width and depth are read from its train_args.json (its config file and arguments, as train.py
+reads them), not from the grid's name; the plotted numbers are printed as a markdown table. --runs
+keeps only the run kinds it names.
 """
 
 import argparse
@@ -245,57 +248,95 @@ def run_model(folder, name):
     return configurator.configure(configurator.script_defaults(TRAIN), args, str(TRAIN))[0]
 
 
-def deltas_by_width(folders, n_layer):
-    """Every run's paired comparison with the reference at depth n_layer, from the results.json of grids
-    (folders compare.py wrote or published): {run kind: {n_embd: paired, with the run's n_head and grid}},
-    a kind without its sweep value ('rd/res_blocks=0'). Each folder must hold runs at that depth."""
-    out = {}
-    for folder in map(Path, folders):
-        if not (folder / "results.json").is_file():
-            raise ValueError(f"{folder} has no results.json: give folders compare.py wrote or published (e.g. docs/compare/depth)")
-        pairs = comparisons(json.loads((folder / "results.json").read_text()))
-        depths = set()
-        for point, kind, paired in [(pt, kind, p) for (kind, ref), by_point in pairs.items() if ref == REFERENCE
-                                    for pt, p in by_point.items()]:
+def grid_deltas(folder):
+    """Each run kind's paired comparison with the reference in one grid (a folder compare.py wrote or
+    published), with the model the run trained: [(kind, n_embd, n_layer, paired with n_head and grid)],
+    a kind without its sweep value ('rd/res_blocks=0')."""
+    folder = Path(folder)
+    if not (folder / "results.json").is_file():
+        raise ValueError(f"{folder} has no results.json: give folders compare.py wrote or published (e.g. docs/compare/depth)")
+    found = []
+    for (kind, ref), by_point in comparisons(json.loads((folder / "results.json").read_text())).items():
+        for point, paired in by_point.items() if ref == REFERENCE else ():
             model = run_model(folder, f"{point}/{kind}" if point else kind)
-            depths.add(model["n_layer"])
-            if model["n_layer"] != n_layer:
-                continue
-            if model["n_embd"] in out.get(kind, {}):
-                raise ValueError(f"{kind} at n_embd={model['n_embd']}, n_layer={n_layer} is in both "
-                                 f"{out[kind][model['n_embd']]['grid']} and {folder}: give one of them")
-            out.setdefault(kind, {})[model["n_embd"]] = dict(paired, n_head=model["n_head"], grid=str(folder))
+            found.append((kind, model["n_embd"], model["n_layer"], dict(paired, n_head=model["n_head"], grid=str(folder))))
+    return found
+
+
+def put_once(table, key, paired, kind, n_embd, n_layer):
+    """table[key] = paired, unless two grids hold the same run: which one to draw is the caller's choice."""
+    if key in table:
+        raise ValueError(f"{kind} at n_embd={n_embd}, n_layer={n_layer} is in both {table[key]['grid']} and "
+                         f"{paired['grid']}: give one of them")
+    table[key] = paired
+
+
+def deltas_by_width(folders, n_layer):
+    """Every run's paired comparison with the reference at depth n_layer, from the results.json of grids:
+    {run kind: {n_embd: paired, with the run's n_head and grid}}. Each folder must hold runs at that depth."""
+    out = {}
+    for folder in folders:
+        found = grid_deltas(folder)
+        depths = {depth for _, _, depth, _ in found}
         if n_layer not in depths:
             held = f"its runs have n_layer={','.join(map(str, sorted(depths)))}" if depths else "no run compared with standard yet"
             raise ValueError(f"{folder} has no runs at n_layer={n_layer} ({held})")
+        for kind, n_embd, depth, paired in found:
+            if depth == n_layer:
+                put_once(out.setdefault(kind, {}), n_embd, paired, kind, n_embd, n_layer)
     return out
 
 
-def plot_width(deltas, n_layer, path):
-    """Paired Δ val loss to the reference against n_embd (log scale) at depth n_layer, mean ± std over
-    seeds (no bar: one seed), a line per run kind measured at two widths or more. Returns those kinds."""
-    kinds = [kind for kind, by_width in deltas.items() if len(by_width) > 1]
-    if not kinds:
-        raise ValueError(f"no run kind was measured at two widths at n_layer={n_layer}: no line to draw")
-    widths = sorted({w for kind in kinds for w in deltas[kind]})
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for i, kind in enumerate(kinds):
-        by_width = sorted(deltas[kind].items())
-        shift = 2 ** (0.015 * (i - (len(kinds) - 1) / 2))  # side by side on the log axis, not on top
-        seeds = ", ".join(str(p["n"]) for _, p in by_width)
-        ax.errorbar([w * shift for w, _ in by_width], [p["diff_nats_mean"] for _, p in by_width],
-                    yerr=[p["diff_nats_std"] or 0.0 for _, p in by_width], ms=4, capsize=3, lw=1.4,
+def deltas_by_depth(folders):
+    """Every run's paired comparison with the reference in these grids: {run kind: {n_embd: {n_layer: paired}}}."""
+    out = {}
+    for folder in folders:
+        for kind, n_embd, n_layer, paired in grid_deltas(folder):
+            put_once(out.setdefault(kind, {}).setdefault(n_embd, {}), n_layer, paired, kind, n_embd, n_layer)
+    return out
+
+
+def only_runs(deltas, runs):
+    """The kinds named in runs (all without it), in that order; a name no grid holds is an error, not an empty line."""
+    if not runs:
+        return deltas
+    missing = [kind for kind in runs if kind not in deltas]
+    if missing:
+        raise ValueError(f"no grid has {', '.join(missing)} (they have {', '.join(deltas)}): check --runs")
+    return {kind: deltas[kind] for kind in runs}
+
+
+def draw_deltas(ax, series, sizes, xlabel):
+    """Paired Δ val loss to the reference against a model size on a log2 axis, mean ± std over seeds (no
+    bar: one seed): series {run kind: {size: paired}}, a line per kind, side by side rather than on top."""
+    for i, (kind, by_size) in enumerate(series.items()):
+        points = sorted(by_size.items())
+        shift = 2 ** (0.02 * (i - (len(series) - 1) / 2))
+        seeds = ", ".join(str(p["n"]) for _, p in points)
+        ax.errorbar([size * shift for size, _ in points], [p["diff_nats_mean"] for _, p in points],
+                    yerr=[p["diff_nats_std"] or 0.0 for _, p in points], ms=4, capsize=3, lw=1.4,
                     label=f"{kind} (seeds: {seeds})", **point_style(kind))
     ax.axhline(0, color=COLORS[REFERENCE], lw=1)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.set_xticks(sizes, [str(size) for size in sizes])
     ax.minorticks_off()
-    ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.3)
-    ax.set_xlabel("n_embd (model width)")
-    ax.set_ylabel(f"paired Δ val loss to {REFERENCE} (nats, < 0: better)")
-    ax.set_title(f"paired Δ val loss vs {REFERENCE} at n_layer={n_layer}, mean ± std over seeds", fontsize=10)
+    ax.set_xlim(sizes[0] / 1.3, sizes[-1] * 1.3)
+    ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def plot_width(deltas, n_layer, path):
+    """Paired Δ val loss to the reference against n_embd at depth n_layer, a line per run kind measured
+    at two widths or more. Returns those kinds."""
+    kinds = [kind for kind, by_width in deltas.items() if len(by_width) > 1]
+    if not kinds:
+        raise ValueError(f"no run kind was measured at two widths at n_layer={n_layer}: no line to draw")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    draw_deltas(ax, {kind: deltas[kind] for kind in kinds}, sorted({w for kind in kinds for w in deltas[kind]}),
+                "n_embd (model width)")
+    ax.set_ylabel(f"paired Δ val loss to {REFERENCE} (nats, < 0: better)")
+    ax.set_title(f"paired Δ val loss vs {REFERENCE} at n_layer={n_layer}, mean ± std over seeds", fontsize=10)
     save(fig, path)
     return kinds
 
@@ -310,25 +351,69 @@ def width_table(deltas, kinds):
     return "\n".join(lines)
 
 
+def plot_depth(deltas, path):
+    """Paired Δ val loss to the reference against n_layer, a panel per width with one y axis, a line per
+    run kind (a point where it was measured at one depth). Returns [(kind, n_embd)] drawn as lines."""
+    lines = [(kind, width) for kind, by_width in deltas.items() for width, by_depth in by_width.items() if len(by_depth) > 1]
+    if not lines:
+        raise ValueError("no run kind was measured at two depths of one width: no line to draw")
+    widths = sorted({width for by_width in deltas.values() for width in by_width})
+    depths = sorted({depth for by_width in deltas.values() for by_depth in by_width.values() for depth in by_depth})
+    fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1, 4.2), sharey=True, squeeze=False)
+    for ax, width in zip(axes[0], widths):
+        draw_deltas(ax, {kind: by_width[width] for kind, by_width in deltas.items() if width in by_width}, depths,
+                    "n_layer (model depth)")
+        ax.set_title(f"n_embd={width}", fontsize=10)
+    axes[0][0].set_ylabel(f"paired Δ val loss to {REFERENCE} (nats, < 0: better)")
+    fig.suptitle(f"paired Δ val loss vs {REFERENCE} by depth, at each width: mean ± std over seeds", fontsize=10)
+    save(fig, path)
+    return lines
+
+
+def depth_table(deltas):
+    """The numbers plot_depth draws, in markdown: a row per run kind, width and depth."""
+    lines = ["| run | n_embd | n_layer | n_head | Δ val (nats) | wins | grid |", "|" + " --- |" * 7]
+    for kind, by_width in deltas.items():
+        for width, by_depth in sorted(by_width.items()):
+            for depth, p in sorted(by_depth.items()):
+                std = "" if p["diff_nats_std"] is None else f" ± {p['diff_nats_std']:.4f}"
+                lines.append(f"| {kind} | {width} | {depth} | {p['n_head']} | {p['diff_nats_mean']:+.4f}{std} | "
+                             f"{p['wins']}/{p['n']} | {p['grid']} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=["width"], help="the figure to draw")
+    parser.add_argument("figure", choices=["width", "depth"], help="the figure to draw")
     parser.add_argument("folders", nargs="+", help="grids compare.py wrote or published, each with results.json and runs/")
-    parser.add_argument("--n_layer", type=int, required=True, help="the depth at which widths are compared")
-    parser.add_argument("--out", default="delta_vs_width.png", help="the PNG to write (default: %(default)s)")
-    return parser.parse_args(argv)
+    parser.add_argument("--n_layer", type=int, help="width: the depth at which widths are compared (required)")
+    parser.add_argument("--runs", type=lambda s: s.split(","), default=None,
+                        help="only these run kinds, comma-separated (e.g. rd/res_blocks=0,attnres/res_blocks=0)")
+    parser.add_argument("--out", help="the PNG to write (default: delta_vs_<figure>.png)")
+    args = parser.parse_args(argv)
+    if args.figure == "width" and args.n_layer is None:
+        parser.error("the width figure compares widths at one depth: give --n_layer")
+    args.out = args.out or f"delta_vs_{args.figure}.png"
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    deltas = deltas_by_width(args.folders, args.n_layer)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    kinds = plot_width(deltas, args.n_layer, args.out)
-    print(f"paired Δ val loss to {REFERENCE} at n_layer={args.n_layer} (nats, run − {REFERENCE}, mean ± std over seeds; wins/seeds):")
-    print(width_table(deltas, kinds))
-    once = [f"{kind} (n_embd={', '.join(map(str, deltas[kind]))})" for kind in deltas if kind not in kinds]
-    if once:
-        print(f"at one width only, not drawn: {'; '.join(once)}")
+    scale = "nats, run − {}, mean ± std over seeds; wins/seeds".format(REFERENCE)
+    if args.figure == "depth":
+        deltas = only_runs(deltas_by_depth(args.folders), args.runs)
+        plot_depth(deltas, args.out)
+        print(f"paired Δ val loss to {REFERENCE} by width and depth ({scale}):")
+        print(depth_table(deltas))
+    else:
+        deltas = only_runs(deltas_by_width(args.folders, args.n_layer), args.runs)
+        kinds = plot_width(deltas, args.n_layer, args.out)
+        print(f"paired Δ val loss to {REFERENCE} at n_layer={args.n_layer} ({scale}):")
+        print(width_table(deltas, kinds))
+        once = [f"{kind} (n_embd={', '.join(map(str, deltas[kind]))})" for kind in deltas if kind not in kinds]
+        if once:
+            print(f"at one width only, not drawn: {'; '.join(once)}")
     print(f"wrote {args.out}")
 
 

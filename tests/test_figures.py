@@ -1,7 +1,7 @@
 """
-figures.py: the styles compare.py's pictures share, and the width figure: the paired Δ val loss read
-from grids as compare.py publishes them (results.json, each run's train_args.json), its errors, its
-command line. compare.py's own pictures, drawn through write_results: test_compare.py.
+figures.py: the styles compare.py's pictures share, and the width and depth figures: the paired Δ val
+loss read from grids as compare.py publishes them (results.json, each run's train_args.json), their
+errors, their command lines. compare.py's own pictures, drawn through write_results: test_compare.py.
 """
 
 import json
@@ -104,3 +104,40 @@ def test_width_command_writes_the_png_and_prints_its_numbers(grids, tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "figures.py"), "width", str(depth), "--n_layer=3", f"--out={out}"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 1 and bad.stderr == f"error: {depth} has no runs at n_layer=3 (its runs have n_layer=2,4)\n"
+
+
+def test_depth_deltas_keep_every_width_and_depth(grids, tmp_path):
+    """deltas_by_depth: each kind's Δ to standard by width, then depth, from all the grids; --runs keeps the
+    kinds it names, in its order, and a kind no grid has is a one-line error."""
+    depth, width = grids
+    deltas = figures.deltas_by_depth([depth, width])
+    assert {kind: {w: sorted(d) for w, d in by_width.items()} for kind, by_width in deltas.items()} == {
+        "rd/res_blocks=0": {128: [2, 4], 256: [4]}, "delta/res_blocks=0": {128: [4]}, "attnres/res_blocks=4": {256: [4]}}
+    assert deltas["rd/res_blocks=0"][128][2]["diff_nats"] == pytest.approx([-0.10, -0.10, -0.05])
+    assert deltas["rd/res_blocks=0"][256][4]["grid"] == str(width)
+    assert list(figures.only_runs(deltas, ["attnres/res_blocks=4", "rd/res_blocks=0"])) == ["attnres/res_blocks=4", "rd/res_blocks=0"]
+    with pytest.raises(ValueError, match=r"^no grid has rd/res_blocks=4 \(they have rd/res_blocks=0, "):
+        figures.only_runs(deltas, ["rd/res_blocks=4"])
+    with pytest.raises(ValueError, match="rd/res_blocks=0 at n_embd=128, n_layer=2 is in both"):
+        figures.deltas_by_depth([depth, width, depth])
+    with pytest.raises(ValueError, match="no run kind was measured at two depths"):
+        figures.plot_depth(figures.deltas_by_depth([width]), tmp_path / "x.png")
+
+
+def test_depth_command_writes_the_png_and_prints_its_numbers(grids, tmp_path):
+    """`python figures.py depth ...` draws a panel per width and prints every point it draws; --runs narrows it;
+    the width figure without --n_layer is an error that says so."""
+    depth, width = grids
+    out = tmp_path / "figs" / "delta_vs_depth.png"
+    run = subprocess.run([sys.executable, str(ROOT / "figures.py"), "depth", str(depth), str(width),
+                          "--runs=rd/res_blocks=0", f"--out={out}"], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| rd/")]
+    assert rows == [f"| rd/res_blocks=0 | 128 | 2 | 4 | -0.0833 ± 0.0289 | 3/3 | {depth} |",
+                    f"| rd/res_blocks=0 | 128 | 4 | 4 | -0.0367 ± 0.0153 | 3/3 | {depth} |",
+                    f"| rd/res_blocks=0 | 256 | 4 | 8 | -0.0700 ± 0.0424 | 2/2 | {width} |"]
+    assert "delta/" not in run.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "figures.py"), "width", str(depth)], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert bad.returncode == 2 and "give --n_layer" in bad.stderr

@@ -2,9 +2,10 @@
 # The GPU check: what this project promises on one CUDA GPU, in one command, into one log and one JSON
 # summary. The parts that only check that something works (tests, training, sampling, compiling the route's
 # kernels) run side by side first; the parts that time (route, bench, compiled) then run one at a time,
-# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04): 4 to 5 minutes on a fresh
-# machine, where one after another they would take about 7; the first run will say (each part's seconds
-# are in the log and the summary).
+# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04), with the GPU tests now 1.5 times
+# as many (87, from 58) and rd's paired kernels compiled in the bench: about 6 minutes on a fresh machine,
+# where one after another the parts would take about 9; the first run will say (each part's seconds are in
+# the log and the summary).
 #
 #     tools/gpu_check.sh [OUT_DIR [PART ...]]    # default gpu_check/, every part; OUT_DIR/summary.json
 #
@@ -113,7 +114,9 @@ fi
 if wants bench; then
   bench=(python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 --batch_size=16
          --block_size=1024 --rounds=3 --decode_tokens=16)
-  part bench_fused 150 "${bench[@]}" $route_tile --json="$out/bench_eager_fused.json" \
+  # it also compiles the route kernels for every source count the rows route over (route_warm compiled the
+  # 25-source ones only): 46 s on the H200 before rd's paired kernels; the limit leaves room for those
+  part bench_fused 300 "${bench[@]}" $route_tile --json="$out/bench_eager_fused.json" \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,delta/res_blocks=0,rd/res_blocks=0,rd/res_blocks=4
   part bench_plain 120 "${bench[@]}" --json="$out/bench_eager_plain.json" --fused_route=false \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,rd/res_blocks=4
@@ -124,7 +127,7 @@ compiled_bench=(env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device
                 --n_head=12 --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile $route_tile
                 --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0)
 if wants compiled; then
-  part bench_compiled 360 "${compiled_bench[@]}" --json="$out/bench_compiled_fused.json"
+  part bench_compiled 450 "${compiled_bench[@]}" --json="$out/bench_compiled_fused.json"
   if [[ -f "$out/train_delta/ckpt.pt" ]]; then
     part sample_compiled 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200 --compile
   fi
