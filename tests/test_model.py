@@ -618,6 +618,25 @@ def test_compiled_sublayers_are_two_graphs_at_any_depth(mode, res_blocks, n_laye
     assert backend.graphs == 4
 
 
+@pytest.mark.parametrize("mode,res_blocks", [("attnres", 0), ("rd", 2)])
+def test_compiled_decoding_after_compiled_sublayers_is_one_graph(mode, res_blocks):
+    """bench.py --compile --compile_sublayers: the sublayers compiled for training, then the one-token step
+    compiled whole (fullgraph) around them, as compile_decoding does. Dynamo traces through the compiled
+    sublayers into the step's one graph, for every position, with the eager model's tokens."""
+    torch._dynamo.reset()
+    model = make_model(residual=mode, res_blocks=res_blocks, exact=False)
+    eager = copy.deepcopy(model)
+    model.compile_sublayers(backend=CountingBackend())
+    backend = CountingBackend()
+    step = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
+    decode_step = lambda token, cache: step(token, cache=cache)[0]
+    prompt = batch(b=1, t=5)
+    steps = model.config.block_size + 4  # past block_size: a new cache as the window slides
+    tokens = torch.cat(list(model.generate_tokens(prompt, steps, temperature=0, decode_step=decode_step)), dim=1)
+    assert torch.equal(tokens, torch.cat(list(eager.generate_tokens(prompt, steps, temperature=0)), dim=1))
+    assert backend.graphs == 1
+
+
 # -----------------------------------------------------------------------------
 # Bad configurations
 
