@@ -548,33 +548,43 @@ def fastest_tile(result, margin=FASTER_BY, paired=False):
     return default
 
 
-def warm_route(m=25, d=768, dtype=torch.bfloat16, tiles=(), device="cuda"):
-    """Compile, without timing, the kernels benchmark_route(m=m, d=d, dtype=dtype, tiles=tiles) launches: one
-    route and two paired, forward and backward, at the default tiles and at each of `tiles`. Each launches
-    once over 16 tokens. Triton compiles a kernel for its compile-time arguments (tile, bucket, width), the
-    dtypes, whether each int is 1 or a multiple of 16 and each pointer 16-byte aligned (PyTorch's
-    allocations always are), not for the ints themselves: 16 tokens and the benchmark's 16 x 1024 get the
-    same code, so Triton's cache on disk then serves the benchmark's first calls, in another process. tools/gpu_check.sh runs this beside the tests, so the timed route part,
-    alone on the GPU, compiles nothing."""
+def warm_route(m=25, d=768, dtype=torch.bfloat16, tiles=(), device="cuda", default=True):
+    """Compile, without timing, the kernels of every route over 1 to m sources of width d: one route and two
+    paired, forward and backward, at the default tiles and at each of `tiles`. That is what
+    benchmark_route(m=m, d=d, dtype=dtype, tiles=tiles) launches, and what a model whose routes read at most
+    m sources launches at any of those tiles (a 12-layer model per sublayer: 1 to 25, tools/gpu_check.sh's
+    bench part). Each launches once over 16 tokens. Triton compiles a kernel for its compile-time arguments
+    (tile, bucket, width), the dtypes, whether each int is 1 or a multiple of 16 and each pointer 16-byte
+    aligned (PyTorch's allocations always are), not for the ints themselves: 16 tokens and the benchmark's
+    16 x 1024 get the same code, and so do 9 and 15 sources (bucket 16), but not 16, a multiple of 16.
+    Launching every count covers these rules without restating them, and costs a launch where a count
+    compiles nothing new. Triton's cache on disk then serves the later processes' first calls.
+    tools/gpu_check.sh runs this beside the tests, so the timed parts, alone on the GPU, compile nothing: a
+    process per tile, all at once, the default tile in one of them (default=False in the others)."""
     torch.manual_seed(0)
     sources = [torch.randn(1, 16, d, device=device, dtype=dtype, requires_grad=True) for _ in range(m)]
     query, query2 = (torch.randn(d, device=device, requires_grad=True) for _ in range(2))
 
     def one_and_a_pair():
-        mixes = (fused_route(query, sources), *fused_route(query, sources, query2))
-        torch.autograd.grad(mixes, [query, query2, *sources], [torch.ones_like(mix) for mix in mixes])
+        for count in range(1, m + 1):
+            read = sources[:count]
+            mixes = (fused_route(query, read), *fused_route(query, read, query2))
+            torch.autograd.grad(mixes, [query, query2, *read], [torch.ones_like(mix) for mix in mixes])
 
     start = time.perf_counter()
-    one_and_a_pair()  # the default tile, and the pair's own where PAIRED_TILE is set
+    if default:
+        one_and_a_pair()  # the default tile, and the pair's own where PAIRED_TILE is set
     for tile in tiles:
         with tile_shape(*tile):
             one_and_a_pair()
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
-    names = [tile_name(*tile_for(1)), *(tile_name(*tile) for tile in tiles)]
-    if tile_for(2) != tile_for(1):
-        names.append(f"the pair's default {tile_name(*tile_for(2))}")
-    print(f"route kernels for {m} sources of width {d} {dtype}, one route and a pair, both ways, at "
+    names = [tile_name(*tile) for tile in tiles]
+    if default:
+        names.insert(0, tile_name(*tile_for(1)))
+        if tile_for(2) != tile_for(1):
+            names.append(f"the pair's default {tile_name(*tile_for(2))}")
+    print(f"route kernels for 1 to {m} sources of width {d} {dtype}, one route and a pair, both ways, at "
           f"{', '.join(names)}: compiled (or found in Triton's cache) in {time.perf_counter() - start:.1f} s")
 
 
@@ -708,9 +718,11 @@ if __name__ == "__main__":
     parser.add_argument("--tiles", default="", help="also time (or compile) the fused route with these tiles, "
                         "ELEMENTS:WARPS[:prefetch],... (prefetch: each source's load issued before the previous "
                         f"source's sums; default tile: {tile_name(TILE_ELEMENTS, NUM_WARPS, PREFETCH)})")
-    parser.add_argument("--warm", action="store_true", help="compile, don't time: the kernels the benchmark with "
-                        "these --tiles launches (one route and a pair, both ways, at the default tile and each of --tiles), "
-                        "into Triton's cache, where a later timing run finds them (CUDA)")
+    parser.add_argument("--warm", action="store_true", help="compile, don't time: the kernels of every route over 1 "
+                        "to --m sources (one route and a pair, both ways, at the default tile and each of --tiles), what "
+                        "the benchmark and a model's routes launch, into Triton's cache, where later runs find them (CUDA)")
+    parser.add_argument("--only_tiles", action="store_true", help="with --warm: only --tiles, not the default tile "
+                        "(for processes that warm tiles at once, one of them the default)")
     parser.add_argument("--compile_for", type=int, metavar="ARCH", help="no timing, no GPU needed: compile every kernel "
                         "variant for this CUDA compute capability (90: H100, H200) and print registers and spills")
     parser.add_argument("--sass", metavar="DIR", help="with --compile_for: also write each variant's machine code to DIR")
@@ -726,6 +738,8 @@ if __name__ == "__main__":
         parser.error("--warm compiles on this machine's GPU, --compile_for for another: pass one of them")
     if args.warm and args.json:
         parser.error("--warm times nothing, so it writes no --json: drop one of them")
+    if args.only_tiles and not (args.warm and tiles):
+        parser.error("--only_tiles warms --tiles without the default tile: pass it with --warm and --tiles")
     if args.compile_for is not None:
         from common import git_commit
         try:
@@ -735,7 +749,7 @@ if __name__ == "__main__":
         commit, dirty = git_commit()
         results.update(commit=commit, dirty=dirty, date=time.strftime("%Y-%m-%d", time.gmtime()))
     elif args.warm:
-        warm_route(m=args.m, d=args.d, tiles=tiles)
+        warm_route(m=args.m, d=args.d, tiles=tiles, default=not args.only_tiles)
         results = None
     else:
         results = benchmark_route(m=args.m, d=args.d, tiles=tiles)

@@ -458,24 +458,58 @@ def record_compiles(monkeypatch):
 
 def test_warming_compiles_every_kernel_the_route_benchmark_launches(monkeypatch):
     """`route_kernels.py --warm --tiles=...` (tools/gpu_check.sh runs it beside the tests) launches, at 16
-    tokens, every specialisation the timed benchmark with those tiles launches at its token count (here 4 x 64,
-    a multiple of 16 like the GPU's 16 x 1024), and no other: the timing run then finds them all in Triton's
-    cache, and no compile was wasted."""
+    tokens, every specialisation that the timed benchmark with those tiles launches over 1 to m sources at
+    its token count (here 2 x 16, a multiple of 16 like the GPU's 16 x 1024), and no other: the timing runs
+    then find them all in Triton's cache, and no compile was wasted."""
     tiles = kernels.parse_tiles("64:1,1024:1:prefetch")
     seen = record_compiles(monkeypatch)
     kernels.warm_route(m=3, d=16, dtype=torch.bfloat16, tiles=tiles, device=DEVICE)
     warmed = set(seen)
-    seen.clear()
-    kernels.benchmark_route(m=3, B=4, T=64, d=16, dtype=torch.bfloat16, device=DEVICE, tiles=tiles,
-                            timer=lambda fn: (fn(), 1.0)[1])
-    benchmarked = set(seen)
-    assert benchmarked == warmed, f"not warmed: {benchmarked - warmed}; warmed, not run: {warmed - benchmarked}"
-    paired_at = {(c["BLOCK_T"], c["num_warps"], c["PREFETCH"]) for c in map(dict, (key[2] for key in warmed)) if c["PAIRED"]}
-    assert len(warmed) == 2 * 2 * 3 and len(paired_at) == 3  # both ways, one route and a pair, 3 tiles
+    benchmarked = {}
+    for m in (1, 2, 3):
+        seen.clear()
+        kernels.benchmark_route(m=m, B=2, T=16, d=16, dtype=torch.bfloat16, device=DEVICE, tiles=tiles,
+                                timer=lambda fn: (fn(), 1.0)[1])
+        benchmarked[m] = set(seen)
+    every = set().union(*benchmarked.values())
+    assert every == warmed, f"not warmed: {every - warmed}; warmed, not run: {warmed - every}"
+    assert len(benchmarked[3]) == 2 * 2 * 3  # both ways, one route and a pair, 3 tiles
+    assert len(warmed) == 3 * len(benchmarked[3])  # buckets 1, 2 and 4: a kernel each
+    # gpu_check.sh's processes, a tile each at once: default=False leaves the default tile to another one
+    parts = []
+    for options in (dict(), *(dict(tiles=[tile], default=False) for tile in tiles)):
+        seen.clear()
+        kernels.warm_route(m=3, d=16, dtype=torch.bfloat16, device=DEVICE, **options)
+        parts.append(set(seen))
+    assert set().union(*parts) == warmed and sum(map(len, parts)) == len(warmed)  # all of it, nothing twice
     # a token count that Triton specialises otherwise (not a multiple of 16) is not served by the warm-up
     seen.clear()
     kernels.benchmark_route(m=3, B=1, T=8, d=16, dtype=torch.bfloat16, device=DEVICE, timer=lambda fn: (fn(), 1.0)[1])
     assert not set(seen) <= warmed
+
+
+@pytest.mark.parametrize("mode", ["rd", "delta"])
+def test_warming_compiles_every_kernel_a_model_launches(monkeypatch, mode):
+    """bench.py's rows after the warm-up at their tile: a model whose routes read at most m sources, trained
+    under bfloat16 autocast and decoding one token a row at a batch of 16 (bench.py's token counts, all
+    multiples of 16), launches only what warm_route(m) launched: the bench part compiles nothing."""
+    seen = record_compiles(monkeypatch)
+    with kernels.tile_shape(64, 1):
+        kernels.warm_route(m=3, d=16, dtype=torch.bfloat16, device=DEVICE)
+        warmed = set(seen)
+        seen.clear()
+        model = routed_model(residual=mode, res_blocks=0, n_layer=1, n_embd=16)  # routes over 1, 2 and 3 sources
+        model.fused_route = True
+        x, y = tokens(b=2, t=8)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            model(x, y)[1].backward()
+            with torch.no_grad():
+                prompt = tokens(b=16, t=4)[0]
+                cache = model.make_cache()
+                logits, _ = model(prompt, cache=cache)
+                model(logits[:, -1:].argmax(-1), cache=cache)
+    launched = set(seen)
+    assert launched and launched <= warmed, f"not warmed: {launched - warmed}"
 
 
 def test_a_paired_tile_of_its_own():
@@ -517,6 +551,17 @@ def test_fastest_tile_replaces_the_default_only_by_a_margin():
     assert kernels.fastest_tile(pair, paired=True) == "a" and kernels.fastest_tile(pair) == "b"
     pair["paired_tiles"][0]["fwd_bwd_ms"] = 10.0 * (1 - margin / 2)
     assert kernels.fastest_tile(pair, paired=True) == "1024:1"
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--warm", "--json=x.json"], "--warm times nothing, so it writes no --json"),
+    (["--warm", "--only_tiles"], "--only_tiles warms --tiles without the default tile"),
+    (["--only_tiles", "--tiles=1024:1"], "--only_tiles warms --tiles without the default tile")])
+def test_warm_options_are_checked(options, message, tmp_path):
+    """--warm's options that cannot go together: a one-line error naming them, before anything runs."""
+    run = subprocess.run([sys.executable, str(ROOT / "route_kernels.py"), *options], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert run.returncode == 2 and message in run.stderr.splitlines()[-1]
 
 
 def test_tiles_option_is_checked():

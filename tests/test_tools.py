@@ -80,20 +80,23 @@ with open(os.environ["FAKE_RECORD"], "a") as f:
 print("ran", command)
 
 
-def kind(command):  # the first parts of the three side-by-side lanes; the tiles' warm-ups, which xargs runs at once
+def groups(command):  # group -> size: the first parts of the three side-by-side lanes; the five tiles' warm-ups
+    found = {{}}
     if command in ("prepare.py", "route_kernels.py --warm") or command.startswith("-m pytest"):
-        return "lanes", 3
-    return ("tiles", 4) if command.startswith("route_kernels.py --warm --tiles=") else (None, 0)
+        found["lanes"] = 3
+    if command.startswith("route_kernels.py --warm"):
+        found["warms"] = 5
+    return found
 
 
-# each waits (up to 20 s) for the others of its kind to start: where the script runs them at once, they
+# each waits (up to 20 s) for the others of its groups to start: where the script runs them at once, they
 # overlap however slowly this machine starts processes
-mine, count = kind(command)
+mine = groups(command)
 deadline = time.time() + 20
 while mine and time.time() < deadline:
     with open(os.environ["FAKE_RECORD"]) as f:
-        events = [json.loads(line) for line in f]
-    if sum(event[0] == "start" and kind(event[2])[0] == mine for event in events) >= count:
+        started = [groups(event[2]) for event in map(json.loads, f) if event[0] == "start"]
+    if all(sum(group in g for g in started) >= size for group, size in mine.items()):
         break
     time.sleep(0.05)
 time.sleep(0.2)
@@ -107,8 +110,8 @@ with open(os.environ["FAKE_RECORD"], "a") as f:
 
 def test_gpu_check_runs_the_checks_side_by_side_and_the_timings_alone(tmp_path):
     """tools/gpu_check.sh, every default part, with a python3 that only notes what it was asked to run: tests,
-    training and sampling, and the warm-up of the route's kernels run at once (three lanes); the default
-    tile's warm-up before the other tiles', which run at once; the route part after all of them, alone, and
+    training and sampling, and the warm-up of the route's kernels run at once (three lanes); the warm-ups of
+    the default tile and of each other tile (that one only) at once; the route part after all of them, alone, and
     the bench after it, at route.json's tiles. The log has each part's output under its own heading, in a
     fixed order, and the summary marks the parts that ran side by side. A GPU lease is too short to find
     that out there."""
@@ -131,8 +134,8 @@ def test_gpu_check_runs_the_checks_side_by_side_and_the_timings_alone(tmp_path):
     tests, train, warm = one("-m", "pytest"), one("prepare.py"), "route_kernels.py --warm"  # warm: the default tile's
     assert max(start[tests], start[train], start[warm]) < min(end[tests], end[train], end[warm])  # three lanes at once
     tile_warms = [c for c in start if "--warm" in c and "--tiles=" in c]
-    assert len(tile_warms) == 4 and min(start[c] for c in tile_warms) > end[warm]
-    assert max(start[c] for c in tile_warms) < min(end[c] for c in tile_warms)  # the other tiles at once
+    assert len(tile_warms) == 4 and all("--only_tiles" in c.split() for c in tile_warms)
+    assert max(start[c] for c in [warm, *tile_warms]) < min(end[c] for c in [warm, *tile_warms])  # every tile at once
     route, bench_fused = one("route_kernels.py", f"--json={out}/route.json"), one("bench.py", f"--json={out}/bench_eager_fused.json")
     side_by_side = [c for c in start if c not in (route, bench_fused) and "bench.py" not in c]
     assert start[route] > max(end[c] for c in side_by_side) and start[bench_fused] > end[route]

@@ -15,8 +15,9 @@
 #   train   python train.py, 200 iterations on the GPU: the default (a delta model) and rd with low-rank
 #           DLR linears
 #   sample  sample.py from the first; fold.py on the second, then sample.py from the folded checkpoint
-#   (route) route_warm: the route part's kernels compiled into Triton's cache (route_kernels.py --warm), the
-#           default tile first, then the other tiles at once, so the timed route part compiles nothing
+#   (route) route_warm: the route kernels compiled into Triton's cache (route_kernels.py --warm) for routes over
+#           1 to 25 sources, every one a 12-layer model reads, at the default tile and the route part's other
+#           tiles, a process each, at once: the timed route and bench parts then compile no route kernel
 # then one at a time
 #   route   one route over 25 sources against its memory-traffic floor and a copy of as many bytes
 #           (python route_kernels.py), two routes paired in one pass against two routes (rd), and both
@@ -93,8 +94,16 @@ if wants train || wants sample; then
     fi
   ) &
 fi
-if wants route; then  # the default tile first (every --warm compiles it), then one process per other tile
-  part route_warm 300 bash -c "python3 route_kernels.py --warm && tr , '\n' <<< $route_tiles | xargs -P 8 -I{} python3 route_kernels.py --warm --tiles={}" &
+warm_tiles() {  # a process per tile, all at once: the default tile's, and each of route_tiles' alone
+  local pids=() tile pid rc=0
+  python3 route_kernels.py --warm & pids+=($!)
+  for tile in ${route_tiles//,/ }; do python3 route_kernels.py --warm --only_tiles --tiles="$tile" & pids+=($!); done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return $rc
+}
+if wants route; then
+  export route_tiles && export -f warm_tiles
+  part route_warm 300 bash -c warm_tiles &
 fi
 wait
 to_log tests prepare train_delta train_rd_dlr sample fold sample_folded route_warm
@@ -114,8 +123,8 @@ fi
 if wants bench; then
   bench=(python3 bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_embd=768 --n_head=12 --batch_size=16
          --block_size=1024 --rounds=3 --decode_tokens=16)
-  # it also compiles the route kernels for every source count the rows route over (route_warm compiled the
-  # 25-source ones only): 46 s on the H200 before rd's paired kernels; the limit leaves room for those
+  # 46 s on the H200 before rd's paired kernels, with its route kernels compiled inside; route_warm now compiles
+  # them for every source count at every tile, and the limit leaves room for a cold run
   part bench_fused 300 "${bench[@]}" $route_tile --json="$out/bench_eager_fused.json" \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,delta/res_blocks=0,rd/res_blocks=0,rd/res_blocks=4
   part bench_plain 120 "${bench[@]}" --json="$out/bench_eager_plain.json" --fused_route=false \
