@@ -341,21 +341,24 @@ def plot_width(deltas, n_layer, path):
     return kinds
 
 
+def paired_cells(p):
+    """A paired comparison's table cells: Δ mean ± std (no std: one seed), wins/seeds, the grid it came from."""
+    std = "" if p["diff_nats_std"] is None else f" ± {p['diff_nats_std']:.4f}"
+    return f"{p['n_head']} | {p['diff_nats_mean']:+.4f}{std} | {p['wins']}/{p['n']} | {p['grid']} |"
+
+
 def width_table(deltas, kinds):
     """The numbers plot_width draws, in markdown: a row per run kind and width."""
     lines = ["| run | n_embd | n_head | Δ val (nats) | wins | grid |", "|" + " --- |" * 6]
     for kind in kinds:
-        for width, p in sorted(deltas[kind].items()):
-            std = "" if p["diff_nats_std"] is None else f" ± {p['diff_nats_std']:.4f}"
-            lines.append(f"| {kind} | {width} | {p['n_head']} | {p['diff_nats_mean']:+.4f}{std} | {p['wins']}/{p['n']} | {p['grid']} |")
+        lines += [f"| {kind} | {width} | {paired_cells(p)}" for width, p in sorted(deltas[kind].items())]
     return "\n".join(lines)
 
 
 def plot_depth(deltas, path):
     """Paired Δ val loss to the reference against n_layer, a panel per width with one y axis, a line per
-    run kind (a point where it was measured at one depth). Returns [(kind, n_embd)] drawn as lines."""
-    lines = [(kind, width) for kind, by_width in deltas.items() for width, by_depth in by_width.items() if len(by_depth) > 1]
-    if not lines:
+    run kind (a point where it was measured at one depth)."""
+    if not any(len(by_depth) > 1 for by_width in deltas.values() for by_depth in by_width.values()):
         raise ValueError("no run kind was measured at two depths of one width: no line to draw")
     widths = sorted({width for by_width in deltas.values() for width in by_width})
     depths = sorted({depth for by_width in deltas.values() for by_depth in by_width.values() for depth in by_depth})
@@ -367,7 +370,6 @@ def plot_depth(deltas, path):
     axes[0][0].set_ylabel(f"paired Δ val loss to {REFERENCE} (nats, < 0: better)")
     fig.suptitle(f"paired Δ val loss vs {REFERENCE} by depth, at each width: mean ± std over seeds", fontsize=10)
     save(fig, path)
-    return lines
 
 
 def depth_table(deltas):
@@ -375,10 +377,7 @@ def depth_table(deltas):
     lines = ["| run | n_embd | n_layer | n_head | Δ val (nats) | wins | grid |", "|" + " --- |" * 7]
     for kind, by_width in deltas.items():
         for width, by_depth in sorted(by_width.items()):
-            for depth, p in sorted(by_depth.items()):
-                std = "" if p["diff_nats_std"] is None else f" ± {p['diff_nats_std']:.4f}"
-                lines.append(f"| {kind} | {width} | {depth} | {p['n_head']} | {p['diff_nats_mean']:+.4f}{std} | "
-                             f"{p['wins']}/{p['n']} | {p['grid']} |")
+            lines += [f"| {kind} | {width} | {depth} | {paired_cells(p)}" for depth, p in sorted(by_depth.items())]
     return "\n".join(lines)
 
 
