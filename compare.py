@@ -10,7 +10,7 @@ residual connections (or their linears), N paired seeds each, one table and a fe
     python compare.py config/rd_fineweb_edu_120m.py --eval_tasks=hellaswag,arc_easy,piqa  # + downstream scores
 
 Options:
-  --runs=R        a grid name from GRIDS (residual, lowrank, all, depth), or a comma list of run names
+  --runs=R        a grid name from GRIDS (residual, lowrank, all, depth, width), or a comma list of run names
   --seeds=N       seeds 0..N-1
   --sweep=K=A,B   run the grid at each value of one train.py key K (e.g. n_layer=4,8,16)
   --jobs=N        N training runs at a time, each on one torch thread unless OMP_NUM_THREADS is set
