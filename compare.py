@@ -180,13 +180,14 @@ def finished(events):
 
 def run_record(events):
     """What the aggregation needs from one finished run's log: its final val loss, time, val curve,
-    routing at the last eval, and the commit of the code that trained it (from its `start` event)."""
+    routing at the last eval, and the commit and machine that trained it (from its `start` event)."""
     done = finished(events)
     evals = [e for e in events if e.get("event") == "eval"]
     routing = evals[-1].get("routing") if evals else None
     start = next((e for e in events if e.get("event") == "start"), {})
+    machine = f"{start['device_name']}, torch {start.get('torch')}" if start.get("device_name") else None
     return dict(val_loss=done["val_loss"], elapsed_s=done.get("elapsed_s"), commit=start.get("commit"),
-                curve=[(e["iter"], e["val_loss"]) for e in evals], routing=routing or None)
+                machine=machine, curve=[(e["iter"], e["val_loss"]) for e in evals], routing=routing or None)
 
 
 def eval_file(run_dir):
@@ -291,6 +292,7 @@ def aggregate(records, names):
         out[name] = dict(settings=run_settings(name), val_loss=val, val_loss_mean=v_mean, val_loss_std=v_std,
                          elapsed_s_mean=statistics.fmean(times) if times else None,
                          commits=sorted({r["commit"] for r in recs.values() if r.get("commit")}),
+                         machines=sorted({r["machine"] for r in recs.values() if r.get("machine")}),
                          paired={ref: paired(val, {s: r["val_loss"] for s, r in records.get(ref, {}).items()})
                                  for ref in references(name, names)},
                          routing=mean_routing([r["routing"] for r in recs.values()]),
@@ -378,6 +380,14 @@ def markdown(results):
     figures = results["figures"]
     lines = [f"Measured with `{results['command']}`: {results['max_iters']} iterations per run, "
              f"seeds {', '.join(map(str, results['seeds']))}, on {results['machine']}.", ""]
+    runs_by_machine = {}
+    for name, run in results["runs"].items():
+        for where in run["machines"]:
+            runs_by_machine.setdefault(where, []).append(name)
+    if len(runs_by_machine) > 1:  # finished runs kept from an earlier command, on another computer
+        lines += ["Not every run trained on the machine above (a finished run is kept, not retrained): "
+                  + "; ".join(f"{', '.join(names)} on {where}" for where, names in runs_by_machine.items())
+                  + ". Compare s/run only between runs of one machine.", ""]
     if results["points"] != [""]:
         lines += ["Paired Δ val loss (nats, run − reference, mean ± std over seeds; wins/seeds) at each value:", "",
                   sweep_table(results), ""]

@@ -30,10 +30,12 @@ def routing_of(residual, res_blocks=0, seed=0, n_layer=2):
     return model.last_routing
 
 
-def write_log(run_dir, val_losses, routing=None, done=True, elapsed_s=10.0, commit="c0ffee"):
+def write_log(run_dir, val_losses, routing=None, done=True, elapsed_s=10.0, commit="c0ffee", device_name=None):
     """A log.jsonl as train.py writes it: the start event, evals at iters 0, 10, 20, ... with the given val losses."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    events = [{"event": "start", "iter": 0, "commit": commit, "dirty": False, "config": {}}]
+    events = [{"event": "start", "iter": 0, "commit": commit, "dirty": False, "torch": "2.13.0", "config": {}}]
+    if device_name:
+        events[0].update(device="cpu", device_name=device_name)
     for i, v in enumerate(val_losses):
         events.append({"event": "train", "iter": 10 * i, "loss": v + 0.1, "lr": 1e-3, "ms_per_iter": 5.0})
         ev = {"event": "eval", "iter": 10 * i, "train_loss": v - 0.05, "val_loss": v}
@@ -206,6 +208,28 @@ def test_aggregate_synthetic_grid(tmp_path):
     assert "](val_loss.png)" in md and '<img src="routing_rd_res_blocks0.png"' in md
     assert (tmp_path / "docs" / "compare" / "results.md").read_text() == md
     assert (tmp_path / "docs" / "compare" / "routing_rd_res_blocks0.png").exists()
+
+
+def test_results_name_the_machine_of_every_run(tmp_path):
+    """Runs kept from an earlier command may have trained on another computer: results.md then says
+    which runs trained where, so their s/run are not read as one machine's; one machine, no such line."""
+    runs = tmp_path / "compare" / "runs"
+    names = ["standard", "rd/res_blocks=0"]
+    for seed in range(2):
+        write_log(runs / "standard" / f"seed{seed}", [3.0, 2.0], device_name="CPU A", elapsed_s=100.0)
+        write_log(runs / "rd/res_blocks=0" / f"seed{seed}", [3.0, 1.9], routing_of("rd"), device_name="CPU A")
+    meta = dict(command="python compare.py test", machine="CPU B", max_iters=20)
+    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    results = compare.write_results(tmp_path / "one", compare.load_records(runs, names, range(2)), names, range(2), meta)
+    assert results["runs"]["standard"]["machines"] == ["CPU A, torch 2.13.0"]
+    assert "Not every run" not in (tmp_path / "one" / "results.md").read_text()
+
+    write_log(runs / "rd/res_blocks=0" / "seed1", [3.0, 1.9], routing_of("rd"), device_name="CPU B")
+    results = compare.write_results(tmp_path / "two", compare.load_records(runs, names, range(2)), names, range(2), meta)
+    assert results["runs"]["rd/res_blocks=0"]["machines"] == ["CPU A, torch 2.13.0", "CPU B, torch 2.13.0"]
+    md = (tmp_path / "two" / "results.md").read_text()
+    assert ("standard, rd/res_blocks=0 on CPU A, torch 2.13.0; rd/res_blocks=0 on CPU B, torch 2.13.0. "
+            "Compare s/run only") in md
 
 
 def test_papers_comparisons_on_a_synthetic_sweep(tmp_path):
