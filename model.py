@@ -27,7 +27,7 @@ LOWRANK_ACTIVATIONS = {"silu": F.silu, "identity": lambda z: z}
 ROUTING_RMS_EPS = 1e-6  # eps of the gainless rmsnorm applied to routing keys
 # The fused route for GPUs is route_kernels.py (Triton), imported only where a forward uses it: importing
 # Triton costs about a second, which a CPU run never needs
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
 @dataclass
@@ -52,21 +52,29 @@ class GPTConfig:
             if not ok:
                 raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is not allowed: {allowed}")
 
+        def is_int(x):  # not a bool: True would pass as 1
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_number(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            need(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "use a positive integer")
+            need(is_int(getattr(self, name)) and getattr(self, name) > 0, name, "use a positive integer")
+        for name in ("bias", "fixed_value_route", "dlr"):
+            need(isinstance(getattr(self, name), bool), name, "use True or False")
         need(self.n_embd % self.n_head == 0, "n_embd", f"it must be a multiple of n_head={self.n_head}")
-        need(0.0 <= self.dropout < 1.0, "dropout", "use a value in [0, 1)")
+        need(is_number(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", "use a value in [0, 1)")
         need(self.residual in RESIDUAL_MODES, "residual", f"use one of {', '.join(RESIDUAL_MODES)}")
         n_sub = 2 * self.n_layer
-        need(isinstance(self.res_blocks, int) and self.res_blocks >= 0 and (self.res_blocks == 0 or n_sub % self.res_blocks == 0),
+        need(is_int(self.res_blocks) and self.res_blocks >= 0 and (self.res_blocks == 0 or n_sub % self.res_blocks == 0),
              "res_blocks", f"use 0 (per sublayer) or a divisor of 2 * n_layer = {n_sub}")
         need(not self.fixed_value_route or self.residual == "rd", "fixed_value_route",
              "only rd has a value route: set residual=rd or fixed_value_route=False")
-        need(isinstance(self.lowrank_rank, int) and 0 <= self.lowrank_rank <= self.n_embd, "lowrank_rank",
+        need(is_int(self.lowrank_rank) and 0 <= self.lowrank_rank <= self.n_embd, "lowrank_rank",
              f"use 0 (dense) or a rank in 1..n_embd={self.n_embd}")
         need(self.lowrank_act in LOWRANK_ACTIVATIONS, "lowrank_act", f"use one of {', '.join(LOWRANK_ACTIVATIONS)}")
         need(not self.dlr or self.lowrank_rank > 0, "dlr", "DLR needs low-rank linears: set lowrank_rank > 0")
-        need(math.isfinite(self.dlr_alpha), "dlr_alpha", "use a finite number")
+        need(is_number(self.dlr_alpha) and math.isfinite(self.dlr_alpha), "dlr_alpha", "use a finite number")
 
     @classmethod
     def from_dict(cls, d):
@@ -88,7 +96,7 @@ class GPTConfig:
 
 class LowRankLinear(nn.Module):
     """
-    y = B act(A x) + bias  [+ (alpha / sqrt(K)) expand_K(z)  when dlr]
+    y = B z + bias  [+ (alpha / sqrt(K)) expand_K(z)  when dlr],   z = act(A x), the rank-r latent
     A: r x d_in, B: d_out x r, K = ceil(d_out / r), expand_K(z)[o] = z[o // K].
     """
 
@@ -96,7 +104,6 @@ class LowRankLinear(nn.Module):
         super().__init__()
         self.A = nn.Linear(d_in, rank, bias=False)
         self.B = nn.Linear(rank, d_out, bias=bias)
-        self.act_name = act
         self.act = LOWRANK_ACTIVATIONS[act]
         self.dlr = dlr
         if dlr:
@@ -174,17 +181,22 @@ class KVCache:
         slots each of them sees once written (`visible`, [t, slots], True = attend: causal, nothing
         unwritten; None for a prompt into an empty cache), computed once here for every layer."""
         eager = not torch.compiler.is_compiling()
+        # Reading the position is free on a CPU, but on a GPU it waits for the GPU: a one-token step there
+        # does not read it (a caller writing past the end then meets wpe's index error, not this one)
+        written = int(self.position) if eager and (t > 1 or self.position.device.type == "cpu") else None
+        if written is not None and written + t > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions, {written} are written: no room for {t} more "
+                             "(start a new cache, with the last block_size tokens, as generate does)")
         # a prompt written into an empty cache sees only itself: attention stays plain causal attention
-        # over the new keys (flash attention on a GPU), not a masked pass over every slot (t > 1 first:
-        # a one-token step does not read the position, which on a GPU would wait for the GPU)
-        self.from_empty = t > 1 and eager and int(self.position) == 0
+        # over the new keys (flash attention on a GPU), not a masked pass over every slot
+        self.from_empty = t > 1 and written == 0
         self.pos = self.position + torch.arange(t, device=self.position.device)
         self.position += t  # in place: a compiled decode step keeps reading the same tensor
         self.slots = self.max_len
         if self.pos.device.type == "cpu" and eager:
             # eager on a CPU, attention over every slot is what a step pays for: read only the written ones
             # (docs/speed.md, "Measurements behind the code"); compiled, the shapes must not change
-            self.slots = int(self.position)
+            self.slots = written + t
         self.visible = None if self.from_empty else torch.arange(self.slots, device=self.pos.device) <= self.pos[:, None]
         return self.pos
 
@@ -212,7 +224,6 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = make_linear(config, config.n_embd, config.n_embd)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head = config.n_head
-        self.n_embd = config.n_embd
         self.dropout = config.dropout
 
     def forward(self, x, x_v=None, cache=None, layer=None):
@@ -232,13 +243,14 @@ class CausalSelfAttention(nn.Module):
             k_seen, v_seen = cache.write(layer, k, v)
             if not cache.from_empty:  # (a prompt into an empty cache attends causally to itself: k, v as they are)
                 k, v, mask, is_causal = k_seen, v_seen, cache.visible, False
+        dtype = q.dtype
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
             # PyTorch's CPU flash attention is slower in bf16 than in fp32 (docs/speed.md, "Measurements
             # behind the code"), while the projections around it gain from bf16: attend in fp32
             q, k, v = q.float(), k.float(), v.float()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.to(dtype).transpose(1, 2).contiguous().view(B, T, C)  # back from fp32 (as autocast would round it for c_proj)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -323,11 +335,15 @@ class Block(nn.Module):
 def routing_logits(s, queries):
     """w . rmsnorm(s) for every row w of queries (rmsnorm without a gain: a gain would only rescale w).
     Computed as (s . w) / rms(s), so no normalised copy of s is made or kept for the backward pass.
-    mean(s^2) = |s|^2 / d from one fused norm (in at least float32): its backward is one pass over s,
-    where pow(2).mean() takes three."""
-    norm = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=torch.promote_types(s.dtype, torch.float32))
+    mean(s^2) = |s|^2 / d from one fused norm: its backward is one pass over s, where pow(2).mean()
+    takes three. All of it in at least float32, as the fused route computes it, also under autocast:
+    a bfloat16 logit of size 40 is off by up to 0.1, and autocast would make and keep a bfloat16
+    copy of every source for this small matmul."""
+    dtype = torch.promote_types(s.dtype, torch.float32)
+    norm = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=dtype)
     inv_rms = torch.rsqrt(norm.square() / s.size(-1) + ROUTING_RMS_EPS)
-    return (s @ queries.t()) * inv_rms
+    with torch.autocast(s.device.type, enabled=False):
+        return (s.to(dtype) @ queries.to(dtype).t()) * inv_rms
 
 
 def reference_route(w, sources):
@@ -385,7 +401,7 @@ class DepthSources:
 
     def __init__(self, e, queries, collect=False, fused_route=None, dtype=None):
         self.queries = queries  # [R, d]: every pseudo-query of the model, one row per route
-        self.dtype = dtype or e.dtype  # by default the embedding's precision (the stream's, in standard)
+        self.dtype = dtype or e.dtype  # by default the embedding's precision (the stream's, in delta)
         self.values = []  # completed sources, each [B, T, d]
         self.logits = None  # [R, m, B, T]: the logit of every completed source (dim 1) for every route (dim 0)
         self.partial = None  # p, the running sum of the current block
@@ -425,7 +441,7 @@ class DepthSources:
             p_logit = routing_logits(self.partial, self.queries[r:r + 1])  # [B, T, 1]
             logits = torch.cat([logits, p_logit.permute(2, 0, 1)])
             values = values + [self.partial]
-        a = logits.softmax(dim=0).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous
+        a = logits.softmax(dim=0).to(self.dtype).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous; float32 logits, sources' dtype mix
         if self.collect:
             self.weights[r] = a.detach().float().mean(dim=(1, 2, 3)).cpu()
         if not torch.is_grad_enabled():  # inference: 3 calls instead of 2m small ones
@@ -546,7 +562,7 @@ class GPT(nn.Module):
         in loss); None, None: the plain route, sources in the embedding's dtype."""
         if self.fused_route not in ("auto", True, False):
             raise ValueError(f"fused_route={self.fused_route!r}: use 'auto', True or False")
-        if not (self.fused_route is True or (self.fused_route == "auto" and device.type == "cuda" and HAVE_TRITON)):
+        if not (self.fused_route is True or (self.fused_route == "auto" and device.type == "cuda" and TRITON_INSTALLED)):
             return None, None
         import route_kernels as kernels  # not `kernels`: Hugging Face's package of that name
         if not kernels.available(device):
@@ -567,7 +583,7 @@ class GPT(nn.Module):
         device = idx.device
         b, t = idx.size()
         assert t <= self.config.block_size, f"cannot forward {t} positions, block_size is {self.config.block_size}"
-        # with a cache: after the positions already written (past the cache's end, wpe's lookup raises)
+        # with a cache: after the positions already written (KVCache.begin refuses to write past its end)
         pos = torch.arange(t, dtype=torch.long, device=device) if cache is None else cache.begin(t)
 
         e = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
@@ -716,8 +732,8 @@ class GPT(nn.Module):
         """Continue idx (b, t), yielding each new token (b, 1) as soon as it is chosen (sample.py
         streams them). temperature=0 is greedy decoding. With the key-value cache each new token
         costs one one-token forward (decode_step, e.g. compile_decoding(), or the model itself); once
-        the context is full the window slides, positions shift, and the cache is rebuilt for every
-        step (as without it). vocab_size: sample only ids below it (a vocabulary padded for speed has
+        the context is full the window slides, positions shift, and every step is a full forward over
+        the last block_size tokens, as without the cache (a cache would be written and never read). vocab_size: sample only ids below it (a vocabulary padded for speed has
         ids no tokenizer can decode)."""
         block_size = self.config.block_size
         decode_step = decode_step or (lambda token, cache: self(token, cache=cache)[0])
@@ -728,7 +744,7 @@ class GPT(nn.Module):
                 logits = decode_step(idx[:, -1:].clone(memory_format=torch.contiguous_format), cache)
                 cached += 1
             else:
-                cache = self.make_cache() if use_cache else None
+                cache = self.make_cache() if use_cache and idx.size(1) < block_size else None
                 logits, _ = self(idx[:, -block_size:], cache=cache)
                 cached = min(idx.size(1), block_size)
             logits = logits[:, -1, :vocab_size]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from helpers import perturb_norms_and_biases, randomise_queries, tiny_config
 from common import routing_summary
-from model import GPT, DepthSources, GPTConfig, LayerNormOfUpcast, LowRankLinear, reference_route
+from model import GPT, DepthSources, GPTConfig, LayerNormOfUpcast, LowRankLinear, reference_route, routing_logits
 
 ROUTED = ("attnres", "delta", "rd")
 LINEARS = {  # name -> config overrides
@@ -257,7 +257,40 @@ def test_first_sublayer_inputs():
 
 
 # -----------------------------------------------------------------------------
-# DLR
+# Precision under autocast
+
+def test_routing_logits_stay_float32_under_autocast():
+    """The plain route's logits are float32 under bfloat16 autocast, as the fused route computes them
+    (a bfloat16 logit of size ~40 would be off by up to 0.1, a visible change of depth weights), and
+    autocast keeps no bfloat16 copy of the source for the backward: the same bits as without autocast."""
+    torch.manual_seed(0)
+    s = (4 * torch.randn(2, 7, 96)).requires_grad_()
+    queries = (3 * torch.randn(5, 96)).requires_grad_()
+    saved = []
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        logits = routing_logits(s, queries)
+    assert logits.dtype == torch.float32 and torch.equal(logits, routing_logits(s, queries))
+    assert logits.abs().max() > 10  # large enough for bfloat16's rounding to show
+    assert all(t.dtype == torch.float32 for t in saved)
+    g = torch.randn_like(logits)
+    for ours, theirs in zip(torch.autograd.grad(logits, (s, queries), g),
+                            torch.autograd.grad(routing_logits(s, queries), (s, queries), g)):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("mode", ("standard",) + ROUTED)
+def test_bfloat16_weights_run_without_autocast(mode):
+    """A model cast to bfloat16 (no autocast) runs forward and backward on the CPU: attention, which
+    computes in float32 there, hands c_proj its own dtype back, and a route's float32 weights mix
+    bfloat16 sources into a bfloat16 input."""
+    model = make_model(exact=False, residual=mode).to(torch.bfloat16)
+    logits, loss = model(batch(), targets=batch(seed=1))
+    loss.backward()
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+
+
+# The pre-norm of a bfloat16 mix under CUDA autocast
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_layer_norm_of_upcast_is_autocasts_layer_norm_keeping_less(bias):
@@ -280,6 +313,9 @@ def test_layer_norm_of_upcast_is_autocasts_layer_norm_keeping_less(bias):
     assert [t for t in saved if t.shape == x.shape] == [x]  # the input itself: no float32 copy of it
     assert all(t.numel() <= 2 * 5 for t in saved if t is not x and t is not weight and t is not bias_)  # mean, 1/std
 
+
+# -----------------------------------------------------------------------------
+# DLR
 
 def test_dlr_expand_layout_uneven():
     """d_out=10, r=4: K = ceil(10/4) = 3 and expand_K(z) = z[0,0,0,1,1,1,2,2,2,3]."""
@@ -376,7 +412,8 @@ def test_zero_sources_give_finite_gradients(mode, res_blocks):
 
 @pytest.mark.parametrize("mode", ("standard",) + ROUTED)
 def test_every_sublayer_output_reaches_the_loss(mode):
-    """The last sublayer's route reads every earlier sublayer: perturbing out_0 moves the loss through it."""
+    """Every sublayer's output gets a gradient from the loss: no mode drops one on the way to the output
+    (which earlier sources each route reads is checked against the written-out equations above)."""
     model = make_model(exact=False, residual=mode)
     outs = []
     for block in model.transformer.h:
@@ -534,13 +571,19 @@ def test_cache_keeps_its_shapes():
     assert [(k.data_ptr(), v.data_ptr()) for k, v in zip(cache.k, cache.v)] == buffers
 
 
-def test_cache_overflow_is_an_error():
-    """Decoding past block_size with a cache is an error, not a silent wrap-around."""
-    model = make_model(residual="standard")
+@pytest.mark.parametrize("mode", ("standard", "rd"))
+def test_cache_overflow_is_an_error(mode):
+    """Decoding past block_size with a cache is a one-line error that says what to do, not a silent
+    wrap-around, and it leaves the cache as it was: the positions already written still decode."""
+    model = make_model(residual=mode)
     cache = model.make_cache()
-    model(batch(t=model.config.block_size), cache=cache)
-    with pytest.raises(IndexError):
-        model(batch(t=1), cache=cache)
+    model(batch(t=model.config.block_size - 1), cache=cache)
+    for t in (2, 3):
+        with pytest.raises(ValueError, match=r"holds 16 positions, 15 are written: no room for \d more") as err:
+            model(batch(t=t), cache=cache)
+        assert "\n" not in str(err.value)
+    assert int(cache.position) == model.config.block_size - 1
+    model(batch(t=1), cache=cache)  # the last slot
 
 
 class CountingBackend:
@@ -558,16 +601,17 @@ class CountingBackend:
 @pytest.mark.parametrize("mode,res_blocks", [("standard", 0), ("attnres", 0), ("delta", 2), ("rd", 0), ("rd", 2)])
 def test_compiled_decoding_is_one_graph(mode, res_blocks):
     """Generation with a compiled one-token step: one graph without graph breaks (fullgraph) for
-    every position and for each new cache as the window slides, and the eager model's tokens."""
+    every position and for a second generation's new cache, and the eager model's tokens, also
+    past block_size (where the window slides and every step is a full eager forward)."""
     torch._dynamo.reset()
     model = make_model(residual=mode, res_blocks=res_blocks, exact=False)
     backend = CountingBackend()
     compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
     decode_step = lambda token, cache: compiled(token, cache=cache)[0]
-    prompt = batch(b=1, t=5)  # one row: idx[:, -1:] then counts as contiguous whatever its strides
-    steps = model.config.block_size + 10  # past block_size: the window slides, the cache is rebuilt
-    tokens = torch.cat(list(model.generate_tokens(prompt, steps, temperature=0, decode_step=decode_step)), dim=1)
-    assert torch.equal(tokens, torch.cat(list(model.generate_tokens(prompt, steps, temperature=0)), dim=1))
+    for prompt in (batch(b=1, t=5), batch(b=1, t=7)[:, 2:]):  # one row: idx[:, -1:] is contiguous whatever its strides
+        steps = model.config.block_size + 4  # past block_size: the window slides
+        tokens = torch.cat(list(model.generate_tokens(prompt, steps, temperature=0, decode_step=decode_step)), dim=1)
+        assert torch.equal(tokens, torch.cat(list(model.generate_tokens(prompt, steps, temperature=0)), dim=1))
     assert backend.graphs == 1
 
 
@@ -631,7 +675,7 @@ def test_compiled_decoding_after_compiled_sublayers_is_one_graph(mode, res_block
     step = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
     decode_step = lambda token, cache: step(token, cache=cache)[0]
     prompt = batch(b=1, t=5)
-    steps = model.config.block_size + 4  # past block_size: a new cache as the window slides
+    steps = model.config.block_size + 4  # past block_size: the window slides
     tokens = torch.cat(list(model.generate_tokens(prompt, steps, temperature=0, decode_step=decode_step)), dim=1)
     assert torch.equal(tokens, torch.cat(list(eager.generate_tokens(prompt, steps, temperature=0)), dim=1))
     assert backend.graphs == 1
@@ -650,6 +694,13 @@ def test_compiled_decoding_after_compiled_sublayers_is_one_graph(mode, res_block
     ({"fixed_value_route": True, "residual": "attnres"}, "fixed_value_route"),
     ({"n_embd": 33}, "n_embd"),
     ({"dropout": 1.5}, "dropout"),
+    ({"dropout": "0.1"}, "dropout"),  # a string from a hand-written config: a clear error, not a TypeError
+    ({"n_layer": 0}, "n_layer"),
+    ({"n_layer": True}, "n_layer"),  # a bool is an int to Python, but not a layer count
+    ({"res_blocks": True}, "res_blocks"),
+    ({"lowrank_rank": 33}, "lowrank_rank"),  # n_embd = 32
+    ({"dlr_alpha": float("nan"), "lowrank_rank": 4, "dlr": True}, "dlr_alpha"),
+    ({"bias": "False"}, "bias"),  # a non-empty string is truthy: it would silently mean True
 ])
 def test_bad_config_raises(overrides, field):
     with pytest.raises(ValueError, match=rf"GPTConfig\.{field}=") as err:

@@ -267,7 +267,12 @@ def test_fused_model_equals_plain_model(mode, res_blocks, fused_calls):
     """GPT.forward on the fused route computes the plain route's logits, loss and every parameter's gradient
     (float32; the two differ only in the order of float32 sums: allowed 1e-4 of each tensor's scale)."""
     model = routed_model(residual=mode, res_blocks=res_blocks)
-    (f_logits, f_loss, f_grads), (p_logits, p_loss, p_grads) = fused_and_plain(model, *tokens(), fused_calls)
+    assert_same_model(*fused_and_plain(model, *tokens(), fused_calls))
+
+
+def assert_same_model(fused, plain):
+    """(logits, loss, gradients by name) of the fused and the plain route: equal but for the order of float32 sums."""
+    (f_logits, f_loss, f_grads), (p_logits, p_loss, p_grads) = fused, plain
     assert (f_logits - p_logits).abs().max() <= 1e-4 * p_logits.abs().max()
     assert f_loss == pytest.approx(p_loss, rel=1e-5)
     assert f_grads.keys() == p_grads.keys()
@@ -276,12 +281,12 @@ def test_fused_model_equals_plain_model(mode, res_blocks, fused_calls):
 
 
 def test_fused_model_with_low_rank_dlr_and_fixed_value_route(fused_calls):
-    """rd with DLR low-rank linears and a value route that never trains: the same on both routes, and
-    the fixed value queries get no gradient on the fused route either."""
+    """rd with DLR low-rank linears and a value route that never trains: the same logits, loss and
+    gradients on both routes, and the fixed value queries get no gradient on the fused route either."""
     model = routed_model(residual="rd", res_blocks=3, lowrank_rank=8, dlr=True, fixed_value_route=True)
-    (f_logits, _, f_grads), (p_logits, _, p_grads) = fused_and_plain(model, *tokens(t=16), fused_calls)
-    assert (f_logits - p_logits).abs().max() <= 1e-4 * p_logits.abs().max()
-    assert f_grads.keys() == p_grads.keys() and not any("res_query_v" in n for n in f_grads)
+    fused, plain = fused_and_plain(model, *tokens(t=16), fused_calls)
+    assert_same_model(fused, plain)
+    assert not any("res_query_v" in name for name in fused[2])
 
 
 def test_bf16_sources_stay_within_bf16_rounding(fused_calls):
@@ -344,7 +349,7 @@ def test_auto_falls_back_to_the_plain_route_with_a_warning(monkeypatch):
     """fused_route='auto' on a GPU whose Triton cannot run the kernels (too old, broken) takes the plain
     route and says why once, rather than failing in the first forward; on a CPU it never asks."""
     import model as model_module
-    monkeypatch.setattr(model_module, "HAVE_TRITON", True)
+    monkeypatch.setattr(model_module, "TRITON_INSTALLED", True)
     monkeypatch.setattr(kernels, "available", lambda device: False)
     model = routed_model(residual="attnres")
     assert model.fused_route == "auto" and model.route_implementation(torch.device("cpu")) == (None, None)
