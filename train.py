@@ -93,8 +93,42 @@ wandb_group = ""  # a wandb group; compare.py puts the runs of one grid in one
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))]
 config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
-globals().update(config)  # config files and --key=value overrides
 # -----------------------------------------------------------------------------
+
+# init_from=resume continues a run as it was: what decides its batches and its optimizer steps comes from
+# its checkpoint, so `--init_from=resume --out_dir=DIR` alone resumes it, whatever config file it started
+# from. Set again, its length, evaluation and schedule may change (the new values take effect, and are
+# printed); its batches and the settings AdamW keeps in its own state may not (they would silently differ).
+RESUMED_AS_TRAINED = ("dataset", "gradient_accumulation_steps", "batch_size", "block_size", "seed",
+                      "weight_decay", "beta1", "beta2", "res_query_lr_mult")
+RESUMED_UNLESS_SET = ("max_iters", "eval_interval", "eval_iters", "always_save_checkpoint", "learning_rate",
+                      "grad_clip", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr",
+                      "wandb_log", "wandb_project", "wandb_run_name", "wandb_group")
+ckpt_path, log_path = Path(config["out_dir"]) / "ckpt.pt", Path(config["out_dir"]) / "log.jsonl"
+ckpt = None
+if config["init_from"] == "resume":
+    try:
+        ckpt = load_checkpoint(ckpt_path, map_location="cpu")  # the model moves to the device once built
+    except (FileNotFoundError, ValueError) as e:
+        die(e)
+    lacking = [k for k in ("optimizer", "iter_num", "rng", "data_rng", "log_bytes", "config") if k not in ckpt]
+    if lacking:
+        die(f"{ckpt_path} cannot be resumed (it has no {', '.join(lacking)}; train.py did not write it): "
+            f"start from it with --init_from={ckpt_path} and another out_dir")
+    trained, changed = ckpt["config"], []
+    for k in RESUMED_AS_TRAINED + RESUMED_UNLESS_SET:
+        if k not in trained or trained[k] == config[k]:
+            continue
+        if k not in explicit:
+            config[k] = trained[k]
+        elif k in RESUMED_AS_TRAINED:
+            die(f"init_from=resume continues the run in {config['out_dir']} as it was, but {k}={config[k]!r} differs "
+                f"from its {trained[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
+        else:
+            changed.append(f"{k} {trained[k]!r} -> {config[k]!r}")
+    if changed and int(os.environ.get("RANK", 0)) == 0:
+        print(f"resuming {config['out_dir']} with: {', '.join(changed)}")
+globals().update(config)  # config files and --key=value overrides (and, resuming, the run's own settings)
 
 
 # distributed: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
@@ -134,7 +168,10 @@ if device_type == "cuda":
     allow_tf32()  # float32 matmuls on tensor cores
 ctx = autocast(device, dtype)
 out_dir = Path(out_dir)
-ckpt_path, log_path = out_dir / "ckpt.pt", out_dir / "log.jsonl"
+if init_from != "resume" and not eval_only and ckpt_path.exists():
+    # a new run would replace it at its first save (and its log at once): never another run's work silently
+    die(f"{ckpt_path} holds an earlier run: continue it with --init_from=resume, or train into another out_dir "
+        f"(or delete {out_dir} first)")
 if master:
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -156,7 +193,7 @@ def prepare_pydocs():
 if dataset == "pydocs":
     once_per_node(prepare_pydocs, rank, local_rank, barrier)
 if not (data_dir / "meta.json").exists():
-    how = f"python prepare.py {dataset}" if dataset in DATASETS else f"python prepare.py <name> --out {data_dir}"
+    how = f"python prepare.py {dataset}" if dataset in DATASETS and dataset != "text" else f"python prepare.py <name> --out {data_dir}"
     die(f"no dataset at {data_dir} (no meta.json): prepare it first with `{how}` (see python prepare.py --help)")
 try:
     meta = load_meta(data_dir)
@@ -207,21 +244,13 @@ eval_windows = {split: np.linspace(0, first[split][-1] - 1, eval_iters * batch_s
 
 model_keys = [f.name for f in fields(GPTConfig)]
 set_model_keys = {k: config[k] for k in model_keys if k in explicit and not (k == "vocab_size" and vocab_size == 0)}
-iter_num, best_val_loss, ckpt, state = 0, float("inf"), None, None
+iter_num, best_val_loss, state = 0, float("inf"), None
 source_tokenizer = None  # the tokenizer the source checkpoint was trained with
 if init_from == "scratch":
     model_args = {k: config[k] for k in model_keys}
     if vocab_size == 0:
         model_args["vocab_size"] = -(-meta["vocab_size"] // 64) * 64  # a multiple of 64 is faster
-elif init_from == "resume":
-    try:
-        ckpt = load_checkpoint(ckpt_path, map_location="cpu")  # the model moves to the device once built
-    except (FileNotFoundError, ValueError) as e:
-        die(e)
-    lacking = [k for k in ("optimizer", "iter_num", "rng", "data_rng", "log_bytes") if k not in ckpt]
-    if lacking:
-        die(f"{ckpt_path} cannot be resumed (it has no {', '.join(lacking)}; train.py did not write it): "
-            f"start from it with --init_from={ckpt_path} and another out_dir")
+elif init_from == "resume":  # (the checkpoint is loaded above, with the run's settings)
     model_args, state = ckpt["model_args"], ckpt["model"]
     for k, v in set_model_keys.items():
         if v != model_args[k] and k != "dropout":
@@ -230,6 +259,7 @@ elif init_from == "resume":
     model_args = {**model_args, **set_model_keys}
     iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
     source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
+    wandb_run_id = ckpt.get("wandb_run_id")  # a resumed run logs on into the same wandb run
 else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (README "Exact equivalences", 2)
     try:
         if init_from in GPT2_CONFIGS:
@@ -253,6 +283,9 @@ else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (RE
     # the model trains with this run's block_size: a longer context is cropped to its first positions,
     # like nanoGPT's crop_block_size
     model_args = {**source_args, **set_model_keys, "block_size": block_size}
+    if block_size < source_args["block_size"] and master:
+        print(f"note: the context is cropped to block_size={block_size} from {init_from}'s {source_args['block_size']}"
+              + ("" if "block_size" in explicit else " (train.py's default; set --block_size to keep more)"))
     state = {**state, "transformer.wpe.weight": state["transformer.wpe.weight"][:block_size]}
 if model_args["block_size"] != block_size:
     die(f"block_size={block_size} differs from the checkpoint's {model_args['block_size']}: set --block_size={model_args['block_size']}")
@@ -349,7 +382,7 @@ def routing():
 
 def log_event(**record):
     """Append one JSON line to out_dir/log.jsonl (rank 0), and send its numbers to wandb if it logs."""
-    if master:
+    if writes_log:
         with open(log_path, "a") as f:
             f.write(json.dumps(record) + "\n")
     if wandb_run is not None and record["event"] in ("train", "eval"):
@@ -416,17 +449,24 @@ if master:
         print("routes: " + (f"fused (Triton), sources in {str(source_dtype or torch.float32).removeprefix('torch.')}"
                             if fused else "model.py's plain route"))
 
-# log.jsonl: a new run starts it afresh; a resumed one drops what was logged after its checkpoint
-if master:
+# log.jsonl: a new run starts it afresh; a resumed one drops what was logged after its checkpoint. eval_only
+# measures and prints, and leaves the log (and wandb) of the run it evaluates as they are.
+writes_log = master and not eval_only
+if writes_log:
     if init_from == "resume" and log_path.exists():
+        if log_path.stat().st_size < log_bytes:  # the log lost lines its checkpoint saw: an interrupted write
+            die(f"{log_path} is shorter than when {ckpt_path} was saved ({log_path.stat().st_size} < {log_bytes} bytes): "
+                f"the log was cut off or replaced; move it aside to resume (a new log starts), or start a new run")
         with open(log_path, "r+") as f:
             f.truncate(log_bytes)
     elif init_from != "resume":
         log_path.unlink(missing_ok=True)
 wandb_run = None
-if wandb_log and master:
+if wandb_log and writes_log:
+    resume_id = wandb_run_id if init_from == "resume" else None
     wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir.resolve().name,
-                           group=wandb_group or None, config=config)
+                           group=wandb_group or None, config=config,
+                           **(dict(id=resume_id, resume="allow") if resume_id else {}))
 # the first line says which code, machine and settings made the run (a resume adds one for its own start)
 log_event(event="start" if init_from != "resume" else "resume", iter=iter_num, **provenance(device), config=config)
 
@@ -443,8 +483,8 @@ saved_iter = iter_num if init_from == "resume" else None  # the iteration of the
 unread = None  # (iter, loss on the host, its event): the last iteration whose loss is not checked yet
 while True:
 
-    # evaluate, log the routing, checkpoint
-    if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only:
+    # evaluate, log the routing, checkpoint (and on resuming: the log was cut back to before that evaluation)
+    if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only or iter_num == start_iter:
         if unread:  # nothing is evaluated or saved after a lost iteration
             check_loss(*unread)
             unread = None
@@ -542,7 +582,7 @@ while True:
 
 # -----------------------------------------------------------------------------
 elapsed = time.time() - t_start
-done_ckpt = str(ckpt_path) if ckpt_path.exists() else None
+done_ckpt = str(ckpt_path) if saved_iter is not None else None  # this run's checkpoint (or the one it resumed)
 log_event(event="done", iter=iter_num, val_loss=val_loss, best_val_loss=best_val_loss, ckpt=done_ckpt, elapsed_s=elapsed)
 if master:
     trained = iter_num - start_iter

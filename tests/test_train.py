@@ -150,6 +150,51 @@ def test_resume_is_exact(data, tmp_path):
     assert [e["iter"] for e in events(tmp_path / "halves", "start") + events(tmp_path / "halves", "resume")] == [0, 4]
 
 
+def test_resume_takes_the_runs_own_settings(data, tmp_path):
+    """`--init_from=resume --out_dir=DIR` alone continues a run trained with other settings than train.py's
+    defaults (here given on the command line, as a config file would): its batches, optimizer and schedule
+    come from the checkpoint, so the losses equal a straight run's. A changed length or schedule set again
+    is taken and printed; the eval at the checkpoint (here not on an eval multiple) is made again."""
+    common = [*TINY, f"--dataset={data}", "--residual=rd", "--eval_interval=4", "--beta2=0.9", "--weight_decay=0.3"]
+    train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=9", cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=5", cwd=tmp_path)
+    result = train("--init_from=resume", f"--out_dir={tmp_path / 'halves'}", "--max_iters=9", "--log_interval=1",
+                   cwd=tmp_path)
+    assert "resuming" in result.stdout and "max_iters 5 -> 9" in result.stdout
+    assert losses(tmp_path / "halves") == losses(tmp_path / "straight")
+    assert [e["iter"] for e in events(tmp_path / "halves", "eval")] == [0, 4, 5, 8, 9]
+    assert f"at iter 5)" in result.stdout  # the summary's first val loss is the resumed iteration's own
+    assert load_checkpoint(tmp_path / "halves" / "ckpt.pt")["config"]["beta2"] == 0.9
+
+
+@pytest.mark.parametrize("changed", ["--batch_size=4", "--beta2=0.95", "--seed=8"])
+def test_resume_refuses_what_it_cannot_change(data, tmp_path, changed):
+    """Batches, the seed and what AdamW keeps in its state cannot change on resume: one line, the run kept."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    before = (tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()
+    result = train(*common, "--max_iters=4", "--init_from=resume", changed, cwd=tmp_path, ok=False)
+    key = changed[2:].split("=")[0]
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert f"init_from=resume continues the run in {tmp_path} as it was, but {key}=" in result.stderr
+    assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+
+
+def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
+    """A scratch run into an out_dir holding a checkpoint stops at once, the earlier run untouched; eval_only
+    with resume measures without touching the run's log; the done line names this run's checkpoint."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2", "--always_save_checkpoint=False"]
+    train(*common, "--max_iters=4", cwd=tmp_path)
+    before = (tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()
+    result = train(*common, "--max_iters=4", cwd=tmp_path, ok=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert f"{tmp_path / 'ckpt.pt'} holds an earlier run: continue it with --init_from=resume" in result.stderr
+    result = train(*common, "--init_from=resume", "--eval_only=True", cwd=tmp_path)
+    assert "val loss" in result.stdout
+    assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+    assert events(tmp_path, "done")[-1]["ckpt"] == str(tmp_path / "ckpt.pt")
+
+
 def test_the_log_starts_with_the_code_machine_and_settings(data, tmp_path):
     """Provenance: log.jsonl's first line names the commit (and whether tracked files differed from it),
     torch, the device and every setting, so a published number traces back to what made it."""
@@ -305,6 +350,12 @@ def test_wandb_logs_what_the_log_logs(data, tmp_path):
         assert json.dumps(number).encode() in record
     run_id = load_checkpoint(out / "ckpt.pt")["wandb_run_id"]
     assert run.name == f"run-{run_id}.wandb"
+    # resumed (the wandb settings, like the rest, from the checkpoint), it logs on into the same run
+    train("--init_from=resume", f"--out_dir={out}", "--max_iters=6", cwd=tmp_path,
+          env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 2 and {r.name for r in runs} == {f"run-{run_id}.wandb"}
+    assert load_checkpoint(out / "ckpt.pt")["wandb_run_id"] == run_id
 
 
 def test_wandb_missing_is_a_one_line_error(data, tmp_path):

@@ -9,13 +9,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out-bf16-sources}
 export PYTHONUNBUFFERED=1
+rm -rf "$out"  # a rerun trains afresh (train.py never replaces a run's checkpoint)
+pids=()
 for seed in 0 1 2; do
   for bf16 in True False; do
     python3 train.py config/train_shakespeare_char.py --device=cuda --n_layer=8 --residual=rd --seed=$seed \
       --bf16_sources=$bf16 --out_dir="$out/bf16_sources=$bf16/seed$seed" >"$out.seed$seed.$bf16.log" 2>&1 &
+    pids+=($!)
   done
 done
-wait
+for pid in "${pids[@]}"; do
+  wait "$pid" || { echo "a training run failed: see $out.seed*.log" >&2; exit 1; }
+done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 def val_loss(bf16, seed):

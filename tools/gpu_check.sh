@@ -2,8 +2,8 @@
 # The GPU check: what this project promises on one CUDA GPU, in one command, into one log and one JSON
 # summary. The parts that only check that something works (tests, training, sampling, compiling the route's
 # kernels) run side by side first; the parts that time (route, bench, compiled) then run one at a time,
-# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04), with the GPU tests now 1.5 times
-# as many (87, from 58) and rd's paired kernels compiled in the bench: about 6 minutes on a fresh machine,
+# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04), with the GPU tests now 1.6 times
+# as many (92, from 58) and rd's paired kernels compiled in the bench: about 6 minutes on a fresh machine,
 # where one after another the parts would take about 9; the first run will say (each part's seconds are in
 # the log and the summary).
 #
@@ -82,6 +82,7 @@ fi
 if wants train || wants sample; then
   (
     if wants train; then
+      rm -rf "$out/train_delta" "$out/train_rd_dlr"  # a rerun trains afresh (train.py never replaces a run's checkpoint)
       part prepare 120 python3 prepare.py
       part train_delta 240 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --out_dir="$out/train_delta"
       part train_rd_dlr 240 python3 train.py --max_iters=200 --eval_interval=100 --log_interval=10 --residual=rd \
