@@ -10,8 +10,9 @@ backoff; 4xx answers fail at once. Only when the file has the length the server
 announced is it renamed (durably: common.durable_replace) to dest. Where the server
 publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
 shards), the bytes must match it too, or they are fetched again; the verified hash is
-kept in dest + ".sha256" (sha256sum's format). Every expected failure is a
-DownloadError with a one-line message that says what to do.
+kept in dest + ".sha256" (sha256sum's format), and a rerun that finds dest checks it
+against that record, fetching it again if it no longer matches. Every expected failure
+is a DownloadError with a one-line message that says what to do.
 """
 
 import hashlib
@@ -48,25 +49,29 @@ def _content_range(value):
 
 def _published_sha256(response):
     """The file's sha256 as the server published it, or None. Hugging Face's resolve URLs redirect
-    with the LFS file's sha256 in X-Linked-ETag and ETag; requests follows the redirect, so look
-    through its history too. Other ETags (an md5, a git sha1, an opaque or weak tag) are no sha256:
-    only a strong tag of 64 hex digits counts."""
+    with the LFS file's sha256 in X-Linked-ETag (huggingface_hub reads the file's hash there too);
+    requests follows the redirect, so look through its history. A plain ETag is not trusted, even
+    one of 64 hex digits: what it hashes is each server's choice (a CDN's own object hash, a
+    hash of a path and a date), and a tag taken for the sha256 that is not would fail every download of the file."""
     for r in (*response.history, response):
-        for header in ("X-Linked-ETag", "ETag"):
-            tag = r.headers.get(header, "").strip('"').lower()
-            if re.fullmatch("[0-9a-f]{64}", tag):
-                return tag
+        tag = r.headers.get("X-Linked-ETag", "").strip('"').lower()
+        if re.fullmatch("[0-9a-f]{64}", tag):
+            return tag
     return None
+
+
+def _sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _check_sha256(part, sha256):
     """Raise _Retry, deleting part, if its bytes do not hash to sha256: a file of the right length
     with the wrong bytes (a bad proxy, a flipped bit on disk) must not look finished."""
-    digest = hashlib.sha256()
-    with open(part, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != sha256:
+    if _sha256_of(part) != sha256:
         part.unlink()
         raise _Retry(f"the bytes received do not match the sha256 the server published ({sha256[:12]}...)")
 
@@ -168,20 +173,30 @@ def _attempt(url, part, timeout, desc, quiet):
 
 def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expected_size=None, quiet=False):
     """
-    Fetch url into dest (a path); skip if dest already exists (the caller validates its content;
-    dest + ".sha256", if there, is the hash it was verified against).
+    Fetch url into dest (a path). An existing dest is reused without a request: if dest + ".sha256"
+    records the hash it was verified against, dest must still hash to it or it is fetched again;
+    without a record the caller validates its content.
     retries: attempts after the first, for a failed transfer or bytes that do not match the
     published sha256; retry k (1, 2, ..) first waits backoff * 2**(k-1) seconds.
     expected_size: if given, the final byte count must match it.
     Returns dest as a Path; raises DownloadError with a one-line message.
     """
     dest = Path(dest)
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     record = dest.with_name(dest.name + ".sha256")
     desc = desc or dest.name
+    if dest.exists():
+        if not record.exists():
+            return dest
+        recorded = record.read_text().split(" ", 1)[0]
+        if _sha256_of(dest) == recorded:
+            return dest
+        # a flipped bit on disk, or a file replaced by hand: the record says these are not the bytes fetched
+        if not quiet:
+            print(f"{desc}: {dest} does not match the sha256 it was downloaded with ({recorded[:12]}...); "
+                  "downloading it again", file=sys.stderr)
+        dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
     problem = None  # why the last attempt failed
     sha256 = None  # the file's hash, if the server published one
     for attempt in range(retries + 1):

@@ -20,10 +20,9 @@ import numpy as np
 
 from common import die
 from download import DownloadError, download
-from shards import (ShardError, find_shards, get_tokenizer, load_meta, read_shard,
+from shards import (DATA_ROOT, ShardError, find_shards, get_tokenizer, load_meta, read_shard,
                     write_meta, write_shard)
 
-DATA_ROOT = Path(__file__).resolve().parent / "data"
 URL_ENV = "NANOATTNRES_DATA_URL"
 SHARD_TOKENS = 100_000_000  # tokens per shard for large text inputs, as in llm.c's FineWeb shards
 DEFAULT_VAL_FRACTION = 0.1
@@ -186,16 +185,17 @@ def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
     spec = FINEWEB[name]
     base = (url or f"https://huggingface.co/datasets/{spec['repo']}/resolve/main").rstrip("/")
     files = [f"{spec['prefix']}_val_000000.bin"] + [f"{spec['prefix']}_train_{i:06d}.bin" for i in range(1, shards + 1)]
-    (data_dir / "meta.json").unlink(missing_ok=True)
+    # the folder's meta.json stays until finish() replaces it: if a download fails, the dataset that was
+    # here (say, --shards 2 on the way to --shards 3) is still there to train on
     for i, file in enumerate(files):
         path = data_dir / file
         if path.exists():
             try:
                 read_shard(path)
-                continue
             except ShardError as e:
                 log(f"{e}; downloading it again")
                 path.unlink()
+        # a shard already here is checked against the sha256 it was downloaded with, fetched again if it differs
         download(f"{base}/{file}", path, desc=f"{file} ({i + 1}/{len(files)})", quiet=_quiet)
         try:
             read_shard(path)

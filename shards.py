@@ -12,7 +12,7 @@ API:
     write_shard(path, tokens)          atomic, durable write of one shard
     read_shard(path) -> np.ndarray     uint16 tokens (memory-mapped), after validation
     find_shards(data_dir, split)       sorted shard paths of "train" or "val"
-    write_meta(data_dir, meta) / load_meta(data_dir)
+    write_meta(data_dir, meta) / load_meta(data_dir)   load_meta checks the keys the readers use
     get_tokenizer(name)                "bytes" or "gpt2": .encode .decode .vocab_size .eot
     ShardError                         a bad or missing file; the message says how to fix it
 """
@@ -37,15 +37,42 @@ class ShardError(ValueError):
     """A shard or meta.json that is missing, truncated or not in the expected format."""
 
 
-def _remedy(path):
-    # the folder's meta.json remembers the command that made it; fall back to the folder name
-    path = Path(path)
-    command = f"python prepare.py {path.parent.name}"
+DATA_ROOT = Path(__file__).resolve().parent / "data"  # prepare.py's default home for data/<name>/
+# the datasets prepare.py makes (its DATASETS; a test keeps the two lists equal), for the hints below
+PREPARE_NAMES = ("pydocs", "shakespeare", "fineweb10B", "finewebedu10B", "text")
+# what train.py and prepare.py read from meta.json, and the types they use them as
+META_KEYS = {"tokenizer": str, "vocab_size": int, "train_tokens": int, "val_tokens": int}
+
+
+def _command(data_dir):
+    """The command that prepares data_dir: the one its meta.json records, else the one its name implies
+    (data/shakespeare -> `python prepare.py shakespeare`), else None."""
+    data_dir = Path(data_dir)
     try:
-        command = json.loads((path.parent / "meta.json").read_text()).get("command", command)
+        meta = json.loads((data_dir / "meta.json").read_text())
+        if isinstance(meta, dict) and isinstance(meta.get("command"), str):
+            return meta["command"]
     except (OSError, ValueError):
         pass
-    return f"delete it and run `{command}` again"
+    if data_dir.name in PREPARE_NAMES and data_dir.name != "text":  # text needs --input, which only the user knows
+        out = "" if data_dir.resolve() == DATA_ROOT / data_dir.name else f" --out {data_dir}"
+        return f"python prepare.py {data_dir.name}{out}"
+    return None
+
+
+def _how_to_prepare(data_dir, again=False):
+    """The end of an error message: how to (re)make data_dir, without naming a command that does not exist."""
+    command = _command(data_dir)
+    if command:
+        return f"run `{command}`" + (" again" if again else " first")
+    datasets = ", ".join(name for name in PREPARE_NAMES if name != "text")
+    return (f"prepare it with `python prepare.py DATASET --out {data_dir}` (DATASET: {datasets}, "
+            f"or `text --input FILE ...` for your own .txt files)")
+
+
+def _remedy(path):
+    # for a bad file inside a dataset folder: the folder's meta.json remembers the command that made it
+    return f"delete it and {_how_to_prepare(Path(path).parent, again=True)}"
 
 
 def write_shard(path, tokens):
@@ -70,7 +97,7 @@ def read_shard(path):
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        raise ShardError(f"{path} does not exist: run `python prepare.py {path.parent.name}`") from None
+        raise ShardError(f"{path} does not exist: {_how_to_prepare(path.parent, again=True)}") from None
     if size < HEADER_BYTES:
         raise ShardError(f"{path} is truncated ({size} bytes, shorter than the {HEADER_BYTES}-byte header): {_remedy(path)}")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
@@ -95,7 +122,7 @@ def find_shards(data_dir, split):
     data_dir = Path(data_dir)
     paths = sorted(data_dir.glob(f"*_{split}_*.bin"))
     if not paths:
-        raise ShardError(f"no {split} shards (*_{split}_*.bin) in {data_dir}: run `python prepare.py {data_dir.name}` first")
+        raise ShardError(f"no {split} shards (*_{split}_*.bin) in {data_dir}: {_how_to_prepare(data_dir)}")
     return paths
 
 
@@ -106,14 +133,25 @@ def write_meta(data_dir, meta):
 
 
 def load_meta(data_dir):
-    """Read data_dir/meta.json: tokenizer, vocab_size, train_tokens, val_tokens, source, ..."""
+    """Read data_dir/meta.json: tokenizer, vocab_size, train_tokens, val_tokens (checked), source, ..."""
     path = Path(data_dir) / "meta.json"
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ShardError(f"{path} does not exist: run `python prepare.py {path.parent.name}` first") from None
+        raise ShardError(f"{path} does not exist: {_how_to_prepare(path.parent)}") from None
     except ValueError as e:
-        raise ShardError(f"{path} is not valid JSON ({e}): delete it and run `python prepare.py {path.parent.name}` again") from None
+        raise ShardError(f"{path} is not valid JSON ({e}): {_remedy(path)}") from None
+    if not isinstance(meta, dict):
+        raise ShardError(f"{path} is not a JSON object ({{...}}): {_remedy(path)}")
+    # readers index these directly: a missing or mistyped one would be a traceback far from this file
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise ShardError(f"{path} lacks {', '.join(missing)}: {_remedy(path)}")
+    wrong = [f"{key} should be {kind.__name__}, got {type(meta[key]).__name__}" for key, kind in META_KEYS.items()
+             if not isinstance(meta[key], kind) or isinstance(meta[key], bool)]  # JSON true is no vocab_size
+    if wrong:
+        raise ShardError(f"{path}: {', '.join(wrong)}: {_remedy(path)}")
+    return meta
 
 
 # -----------------------------------------------------------------------------

@@ -20,7 +20,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the scripts live at the repo 
 import prepare
 from download import DownloadError, download
 from localserver import LocalServer
-from shards import ShardError, get_tokenizer, load_meta, read_shard
+import shards
+from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard
 
 SHAKESPEARE = REPO.parent / "shared/data/tinyshakespeare/input.txt"
 
@@ -115,10 +116,10 @@ def test_download_checks_expected_size_and_skips_existing(tmp_path):
         assert server.count("/blob") == 1
 
 
-def hub(server, blob, etag_header="X-Linked-ETag"):
+def hub(server, blob):
     """Serve blob as Hugging Face does: /resolve/blob redirects to /cdn/blob, the redirect carrying its sha256."""
     server.files["/cdn/blob"] = blob
-    server.headers("/resolve/blob", {etag_header: f'"{hashlib.sha256(blob).hexdigest()}"'})
+    server.headers("/resolve/blob", {"X-Linked-ETag": f'"{hashlib.sha256(blob).hexdigest()}"'})
     server.redirect("/resolve/blob", "/cdn/blob")
     return server.url + "/resolve/blob"
 
@@ -140,7 +141,7 @@ def test_download_fetches_again_bytes_that_do_not_match_the_published_sha256(tmp
 def test_download_gives_up_on_bytes_that_never_match(tmp_path):
     """Wrong bytes on every attempt: a bounded number of tries, then a one-line error and no file left."""
     with LocalServer() as server:
-        url = hub(server, BLOB, etag_header="ETag")
+        url = hub(server, BLOB)
         server.corrupt("/cdn/blob")
         with pytest.raises(DownloadError) as e:
             download(url, tmp_path / "blob", retries=2, backoff=0, quiet=True)
@@ -148,6 +149,44 @@ def test_download_gives_up_on_bytes_that_never_match(tmp_path):
     message = str(e.value)
     assert "do not match the sha256 the server published" in message and "\n" not in message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_download_reverifies_an_existing_file_against_its_recorded_sha256(tmp_path, capsys):
+    """A rerun hashes a file it finds against the .sha256 it was verified with: intact, it is reused
+    without a request; changed since (a flipped bit on disk), it is fetched again. No record: reused as is."""
+    with LocalServer() as server:
+        url = hub(server, BLOB)
+        dest = download(url, tmp_path / "blob", backoff=0, quiet=True)
+        download(url, dest, backoff=0)
+        assert server.count("/cdn/blob") == 1
+        dest.write_bytes(b"\0" + BLOB[1:])
+        download(url, dest, backoff=0)
+        assert server.count("/cdn/blob") == 2
+        assert "does not match the sha256 it was downloaded with" in capsys.readouterr().err
+        assert dest.read_bytes() == BLOB
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["blob", "blob.sha256"]
+
+        (tmp_path / "blob.sha256").unlink()  # nothing to check against: the caller validates the content
+        dest.write_bytes(b"\0" + BLOB[1:])
+        download(url, dest, backoff=0, quiet=True)
+        assert server.count("/cdn/blob") == 2
+
+
+def test_download_does_not_take_a_plain_etag_for_the_sha256(tmp_path):
+    """Only Hugging Face's X-Linked-ETag is documented to be the file's sha256. A plain ETag of 64 hex
+    digits may hash anything (here: other bytes); taken for the sha256, it failed every download."""
+    other = f'"{hashlib.sha256(b"not the file").hexdigest()}"'
+    with LocalServer() as server:
+        server.files["/blob"] = BLOB
+        server.headers("/blob", {"ETag": other})
+        dest = download(server.url + "/blob", tmp_path / "direct", retries=2, backoff=0, quiet=True)
+        assert dest.read_bytes() == BLOB and server.count("/blob") == 1
+        url = hub(server, BLOB)  # Hugging Face's shape, its CDN tagging the body with a hash of its own
+        server.headers("/cdn/blob", {"ETag": other})
+        dest = download(url, tmp_path / "hub", retries=2, backoff=0, quiet=True)
+        assert dest.read_bytes() == BLOB and server.count("/cdn/blob") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["direct", "hub", "hub.sha256"]
+    assert (tmp_path / "hub.sha256").read_text() == f"{hashlib.sha256(BLOB).hexdigest()}  hub\n"
 
 
 def test_download_without_a_published_sha256_checks_the_length_only(tmp_path):
@@ -261,6 +300,42 @@ def test_fineweb_keeps_published_names_and_reuses_what_it_has(tmp_path):
         assert load_meta(data_dir)["train_tokens"] == 15_000
 
 
+def test_fineweb_failed_extension_keeps_the_dataset(tmp_path):
+    """--shards 2, then --shards 3 against a dead server: the download fails, and the two shards and
+    their meta.json are still there to train on (meta.json used to go first, leaving "no dataset")."""
+    files = fineweb_files(3)
+    with LocalServer(files) as server:
+        data_dir = prepare.prepare("fineweb10B", shards=2, out=tmp_path / "fw", url=server.url, quiet=True)
+        dead = server.url  # nobody answers there once the server is shut
+    before = (data_dir / "meta.json").read_text()
+    with pytest.raises(DownloadError, match="fineweb_train_000003.bin failed after .* cannot reach host"):
+        prepare.prepare("fineweb10B", shards=3, out=data_dir, url=dead, quiet=True)
+    assert (data_dir / "meta.json").read_text() == before
+    meta = load_meta(data_dir)
+    assert [p.name for p in find_shards(data_dir, "train")] == meta["train_files"] == \
+        ["fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+    assert sum(len(read_shard(p)) for p in find_shards(data_dir, "train")) == meta["train_tokens"] == 10_000
+    assert prepare.is_prepared(data_dir, dict(dataset="fineweb10B", shards=2))
+
+
+def test_fineweb_rerun_refetches_a_shard_that_no_longer_matches_its_sha256(tmp_path):
+    """A shard whose header and length are fine but whose tokens changed on disk since it was verified
+    (its .sha256 says so) is fetched again when the folder is prepared again."""
+    files = fineweb_files(2)
+    with LocalServer(files) as server:
+        for name, data in files.items():  # published as Hugging Face publishes them
+            server.headers(name, {"X-Linked-ETag": f'"{hashlib.sha256(data).hexdigest()}"'})
+        data_dir = prepare.prepare("fineweb10B", shards=1, out=tmp_path / "fw", url=server.url, quiet=True)
+        shard = data_dir / "fineweb_train_000001.bin"
+        assert (data_dir / "fineweb_train_000001.bin.sha256").exists()
+        damaged = bytearray(shard.read_bytes())
+        damaged[-1] ^= 0xFF  # one token: read_shard cannot see it, the hash can
+        shard.write_bytes(bytes(damaged))
+        prepare.prepare("fineweb10B", shards=2, out=data_dir, url=server.url, quiet=True)
+        assert server.count("/fineweb_train_000001.bin") == 2 and server.count("/fineweb_val_000000.bin") == 1
+    assert shard.read_bytes() == files["/fineweb_train_000001.bin"]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "bad magic"])
 def test_fineweb_bad_download_is_rejected_and_removed(tmp_path, damage):
     files = fineweb_files(1)
@@ -275,6 +350,12 @@ def test_fineweb_bad_download_is_rejected_and_removed(tmp_path, damage):
     assert "fineweb_train_000001.bin" in str(e.value) and "--url" in str(e.value)
     assert not (tmp_path / "fw" / "fineweb_train_000001.bin").exists()
     assert not (tmp_path / "fw" / "meta.json").exists()
+
+
+def test_shards_hints_name_the_datasets_prepare_makes():
+    """shards.py names prepare.py's datasets in its error messages without importing prepare.py."""
+    assert shards.PREPARE_NAMES == tuple(prepare.DATASETS)
+    assert shards.DATA_ROOT == prepare.DATA_ROOT == REPO / "data"
 
 
 def test_fineweb_is_gpt2_only():

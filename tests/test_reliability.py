@@ -1,8 +1,9 @@
 """
 What cannot hurt a user (README, "Reliability"): a checkpoint is loaded as plain data, so opening
 one never runs code, by any entry point; every file is written atomically and durably (fsynced
-before its rename, its folder after), and a failed write leaves no temporary file. Verified
-downloads (the published sha256) are tested with the other downloads, in test_prepare.py.
+before its rename, its folder after), and a failed write leaves no temporary file; a meta.json
+train.py cannot use is a one-line error. Verified downloads (the published sha256) are tested
+with the other downloads, in test_prepare.py.
 """
 
 import os
@@ -67,6 +68,20 @@ def test_a_refused_checkpoint_names_what_it_holds(tmp_path):
     torch.save(dict(model={}, model_args={}, data_rng=np.zeros(3)), tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match=r"ckpt.pt holds objects a checkpoint must not hold \(numpy"):
         load_checkpoint(tmp_path / "ckpt.pt")
+
+
+@pytest.mark.parametrize("meta", [dict(tokenizer="bytes", vocab_size=64), []])
+def test_train_refuses_an_incomplete_meta_json_in_one_line(tmp_path, meta):
+    """A meta.json without the token counts (or not an object at all) used to be a KeyError or a
+    TypeError deep in train.py; now the loader names the problem and how to remake the folder."""
+    data = make_dataset(tmp_path / "mydata")
+    shards.write_meta(data, meta)
+    result = subprocess.run([sys.executable, REPO / "train.py", *TINY, f"--dataset={data}", "--max_iters=1"],
+                            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    problem = "lacks train_tokens, val_tokens" if meta else "is not a JSON object ({...})"
+    assert result.stderr.startswith(f"error: {data / 'meta.json'} {problem}: delete it and prepare it with "
+                                    f"`python prepare.py DATASET --out {data}`") and result.stderr.count("\n") == 1
 
 
 def syncs(monkeypatch):

@@ -1,5 +1,6 @@
 """The shard format (llm.c's .bin) and the tokenizers: what shards.py promises its readers."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the scripts and helpers live at the repo root
 
 import common
+import shards
 from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard, write_meta, write_shard
 
 
@@ -64,8 +66,9 @@ def test_corrupt_magic_is_rejected_naming_the_file(tmp_path):
     with pytest.raises(ShardError) as e:
         read_shard(path)
     message = str(e.value)
-    assert str(path) in message and "magic 12345" in message
-    assert "python prepare.py toy" in message and "\n" not in message
+    assert str(path) in message and "magic 12345" in message and "\n" not in message
+    # "toy" is no dataset of prepare.py's: the hint names the real ones, not `python prepare.py toy`
+    assert f"python prepare.py DATASET --out {path.parent}" in message and "python prepare.py toy" not in message
 
 
 def test_wrong_version_is_rejected(tmp_path):
@@ -99,10 +102,39 @@ def test_find_shards_sorted_by_split_and_clear_when_missing(tmp_path):
         write_shard(tmp_path / name, [1])
     assert [p.name for p in find_shards(tmp_path, "train")] == ["d_train_000000.bin", "d_train_000001.bin", "d_train_000002.bin"]
     assert [p.name for p in find_shards(tmp_path, "val")] == ["d_val_000000.bin"]
-    with pytest.raises(ShardError, match=r"no train shards .* in .*: run `python prepare.py empty`"):
+    with pytest.raises(ShardError, match=r"no train shards .* in .*empty: prepare it with `python prepare.py DATASET"):
         find_shards(tmp_path / "empty", "train")
     with pytest.raises(ValueError, match="split"):
         find_shards(tmp_path, "test")
+
+
+def test_hints_name_a_command_that_exists(tmp_path, monkeypatch):
+    """Where meta.json records the command, every hint repeats it; where it does not, a folder named
+    after one of prepare.py's datasets gets that dataset's command, any other folder (llm.c's shards
+    copied to llmc2/, say) the datasets to choose from: never `python prepare.py llmc2`."""
+    custom = tmp_path / "llmc2"
+    custom.mkdir()
+    for error in (lambda: find_shards(custom, "train"), lambda: read_shard(custom / "llmc2_val_000000.bin"),
+                  lambda: load_meta(custom)):
+        with pytest.raises(ShardError) as e:
+            error()
+        message = str(e.value)
+        assert "prepare.py llmc2" not in message and "\n" not in message
+        assert f"`python prepare.py DATASET --out {custom}` (DATASET: pydocs, shakespeare, fineweb10B, finewebedu10B, " \
+               "or `text --input FILE ...` for your own .txt files)" in message
+
+    named = tmp_path / "shakespeare"  # a dataset's name, outside data/: the command needs --out
+    with pytest.raises(ShardError, match=re.escape(f"run `python prepare.py shakespeare --out {named}` first")):
+        find_shards(named, "val")
+    monkeypatch.setattr(shards, "DATA_ROOT", tmp_path)  # as if tmp_path were data/: no --out needed
+    with pytest.raises(ShardError, match=r"run `python prepare.py shakespeare` first$"):
+        find_shards(named, "val")
+
+    write_meta(custom, {"command": "python prepare.py text --input notes/ --out llmc2"})
+    with pytest.raises(ShardError, match=r"does not exist: run `python prepare.py text --input notes/ --out llmc2` again"):
+        read_shard(custom / "llmc2_val_000000.bin")
+    with pytest.raises(ShardError, match=r"run `python prepare.py text --input notes/ --out llmc2` first"):
+        find_shards(custom, "train")
 
 
 def test_meta_round_trip_and_missing_meta(tmp_path):
@@ -114,6 +146,27 @@ def test_meta_round_trip_and_missing_meta(tmp_path):
     (tmp_path / "meta.json").write_text("{not json")
     with pytest.raises(ShardError, match="not valid JSON"):
         load_meta(tmp_path)
+
+
+@pytest.mark.parametrize("meta, problem", [
+    ({"tokenizer": "bytes", "vocab_size": 256, "command": "python prepare.py shakespeare"}, "lacks train_tokens, val_tokens"),
+    ({"vocab_size": 256, "train_tokens": 9, "val_tokens": 1, "command": "python prepare.py shakespeare"}, "lacks tokenizer"),
+    ({"tokenizer": "bytes", "vocab_size": "256", "train_tokens": 9, "val_tokens": True,
+      "command": "python prepare.py shakespeare"}, "vocab_size should be int, got str, val_tokens should be int, got bool"),
+    ([], "is not a JSON object ({...})"),
+])
+def test_incomplete_or_odd_meta_is_a_one_line_error(tmp_path, meta, problem):
+    """What the readers index (train.py: tokenizer, vocab_size, train_tokens, val_tokens) is checked on
+    load, so a hand-made or cut-down meta.json is a ShardError naming the problem, not a KeyError later."""
+    data_dir = tmp_path / "shakespeare"
+    write_meta(data_dir, meta)
+    with pytest.raises(ShardError) as e:
+        load_meta(data_dir)
+    message = str(e.value)
+    assert message.startswith(f"{data_dir / 'meta.json'}") and problem in message and "\n" not in message
+    # the command meta.json records, else the one the folder's name implies (outside data/: with --out)
+    command = "python prepare.py shakespeare" + ("" if meta else f" --out {data_dir}")
+    assert message.endswith(f"delete it and run `{command}` again")
 
 
 def test_bytes_tokenizer_is_utf8():
