@@ -13,11 +13,15 @@ Options:
   --runs=R        a grid name from GRIDS (residual, lowrank, all, depth, width), or a comma list of run names
   --seeds=N       seeds 0..N-1
   --sweep=K=A,B   run the grid at each value of one train.py key K (e.g. n_layer=4,8,16)
-  --jobs=N        N training runs at a time, each on one torch thread unless OMP_NUM_THREADS is set
-  --publish=DIR   copy results.md, results.json, the pictures and every finished run's log into DIR
-                  (results.md links its pictures as files next to it, so its links work in DIR too);
-                  a run whose published log has finished is taken from DIR, never trained again
-  --report=True   write the results from the runs finished so far, train and evaluate nothing
+  --jobs=N        N training runs at a time; with N > 1 each on one torch thread unless OMP_NUM_THREADS
+                  is set (N = 1: torch's own default)
+  --publish=DIR   copy results.md, results.json, the pictures and every finished run's log (and scores)
+                  into DIR: the runs this command trains and those an earlier one did, here or in another
+                  grid sharing the out_dir (results.md links its pictures as files next to it, so its
+                  links work in DIR too); a run whose published log has finished is taken from DIR,
+                  never trained again
+  --report=True   write the results from the runs finished so far, train and evaluate nothing (with
+                  --publish, publish them too)
   --eval_tasks=T,U  score every finished run with eval.py on these lm-evaluation-harness tasks (pip
                   install lm-eval): each metric becomes a column, paired across seeds like val loss;
                   --eval_limit=N scores only the first N examples of each task, --eval_include_path=DIR
@@ -52,6 +56,10 @@ Output in <out_dir>/compare/: results.md (with --eval_tasks, a second table: the
 results.json, val_loss.png, routing_<run>.png (one per routed run) and max_weight_by_depth.png (one
 of each per value with --sweep), and with --sweep sweep_val_loss.png and sweep_max_weight.png, all
 drawn by figures.py (which also sets published grids side by side: python figures.py --help).
+results.md names the machine the runs trained on, as each run's log records it (its `start` event), not
+the machine that writes the report; when this command trained every run, that machine in full (cores,
+torch threads, runs at a time). Finished runs kept from earlier commands may have trained elsewhere:
+results.md then says which run trained where.
 """
 
 import heapq
@@ -374,19 +382,26 @@ def sweep_table(results):
     return "\n".join(lines)
 
 
+def runs_by_machine(runs):
+    """{machine: [the runs (any of their seeds) that trained on it]}, from results.json's runs, machines
+    in the order their first run comes."""
+    out = {}
+    for name, run in runs.items():
+        for where in run["machines"]:
+            out.setdefault(where, []).append(name)
+    return out
+
+
 def markdown(results):
     """results.md: the tables and the pictures, linked as files next to results.md (so the links work
     where it is published, e.g. docs/compare/<grid>/results.md)."""
     figures = results["figures"]
     lines = [f"Measured with `{results['command']}`: {results['max_iters']} iterations per run, "
              f"seeds {', '.join(map(str, results['seeds']))}, on {results['machine']}.", ""]
-    runs_by_machine = {}
-    for name, run in results["runs"].items():
-        for where in run["machines"]:
-            runs_by_machine.setdefault(where, []).append(name)
-    if len(runs_by_machine) > 1:  # finished runs kept from an earlier command, on another computer
-        lines += ["Not every run trained on the machine above (a finished run is kept, not retrained): "
-                  + "; ".join(f"{', '.join(names)} on {where}" for where, names in runs_by_machine.items())
+    where = runs_by_machine(results["runs"])
+    if len(where) > 1:  # finished runs kept from an earlier command, on another computer
+        lines += ["Not every run trained on one machine (a finished run is kept, not retrained): "
+                  + "; ".join(f"{', '.join(names)} on {machine}" for machine, names in where.items())
                   + ". Compare s/run only between runs of one machine.", ""]
     if results["points"] != [""]:
         lines += ["Paired Δ val loss (nats, run − reference, mean ± std over seeds; wins/seeds) at each value:", "",
@@ -427,11 +442,36 @@ def markdown(results):
 # -----------------------------------------------------------------------------
 # results.json, results.md and the pictures (figures.py draws them)
 
-def write_results(compare_dir, records, names, seeds, meta, publish=None):
+UNNAMED = "a machine its log does not name"
+
+
+def with_machines(records, trained, here):
+    """records with every run's machine: the one its log names, else `here` (this machine) if this
+    command trained it (trained: its (name, seed) pairs), else UNNAMED: a kept run's machine is not guessed."""
+    return {name: {seed: dict(r, machine=r.get("machine") or (here if (name, seed) in trained else UNNAMED))
+                   for seed, r in by_seed.items()} for name, by_seed in records.items()}
+
+
+def trained_on(runs, all_here, here):
+    """Where the runs trained, for results.md's first line: `here`, this machine in full (cores, torch
+    threads, runs at a time), when this command trained every run (all_here) on one machine; else the
+    machine(s) the runs' logs name, so that a report written on another computer does not relabel them."""
+    machines = list(runs_by_machine(runs))
+    if all_here and len(machines) <= 1:
+        return here
+    return machines[0] if len(machines) == 1 else f"{len(machines)} machines: {'; '.join(machines)}"
+
+
+def write_results(compare_dir, records, names, seeds, meta, publish=None, trained=()):
     """results.json, results.md and the pictures in compare_dir (and a copy in publish, if given).
-    Per sweep value a val loss and a max-weight picture; with a sweep, the two sweep pictures."""
-    compare_dir = Path(compare_dir)
+    Per sweep value a val loss and a max-weight picture; with a sweep, the two sweep pictures.
+    meta: the command, max_iters and `machine`, this one's; trained: the (name, seed) runs this command
+    trained on it (the others finished before, maybe elsewhere: their logs say where)."""
+    compare_dir, trained = Path(compare_dir), set(trained)
+    compare_dir.mkdir(parents=True, exist_ok=True)
+    records = with_machines(records, trained, meta["machine"])
     runs = aggregate(records, names)
+    all_here = all((name, seed) in trained for name, by_seed in records.items() for seed in by_seed)
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
     suffix = lambda point: f"_{slug(point)}" if point else ""
     figures = {"val_loss": {}, "max_weight_by_depth": {}, "routing": {}}
@@ -449,7 +489,8 @@ def write_results(compare_dir, records, names, seeds, meta, publish=None):
             plot_routing(name, summary, compare_dir / f"routing_{slug(name)}.png")
             figures["routing"][name] = f"routing_{slug(name)}.png"
             deepest.setdefault(point, summary["deepest"])
-    results = dict(meta, seeds=list(seeds), reference=REFERENCE, points=points, deepest=deepest, figures=figures,
+    results = dict(meta, machine=trained_on(runs, all_here, meta["machine"]), seeds=list(seeds), reference=REFERENCE,
+                   points=points, deepest=deepest, figures=figures,
                    commits=sorted({c for r in runs.values() for c in r["commits"]}), runs=runs)
     if points != [""]:
         plot_sweep(results, compare_dir / "sweep_val_loss.png")
@@ -592,14 +633,32 @@ def finish_time(running_left, queued, jobs):
 
 
 def publish_run(run_dir, dest):
-    """A finished run into the published folder: its train_args.json and its log.jsonl without the
-    per-iteration `train` lines (what compare.py reads: the start, evals and done; a few KB, not MB)."""
+    """A finished run into the published folder: its train_args.json, its scores (if eval.py scored it)
+    and its log.jsonl without the per-iteration `train` lines (what compare.py reads: the start, evals
+    and done; a few KB, not MB)."""
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(run_dir / "train_args.json", dest / "train_args.json")
+    for file in (run_dir / "train_args.json", eval_file(run_dir)):
+        if file.exists():  # a run trained before compare.py wrote train_args.json has none
+            shutil.copyfile(file, dest / file.name)
     kept = [line for line in (run_dir / "log.jsonl").read_text().splitlines() if '"event": "train"' not in line]
     tmp = dest / "log.jsonl.tmp"
     tmp.write_text("".join(line + "\n" for line in kept))
     tmp.replace(dest / "log.jsonl")  # a published log is whole or absent: its `done` line means finished
+
+
+def publish_runs(plan, runs_dir, publish):
+    """Every finished run of the plan into publish/runs, not only those this command trained: a run an
+    earlier command finished (or another grid sharing the out_dir, e.g. the standard runs) belongs to
+    this grid's results too. A run published before keeps its log; its scores are copied if they changed."""
+    for name, seed in plan:
+        run_dir, dest = runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}"
+        if not finished(read_log(run_dir)):
+            continue
+        if not finished(read_log(dest)):
+            publish_run(run_dir, dest)
+        elif eval_file(run_dir).exists() and (not eval_file(dest).exists()
+                                              or eval_file(dest).read_bytes() != eval_file(run_dir).read_bytes()):
+            shutil.copyfile(eval_file(run_dir), eval_file(dest))
 
 
 def estimate_run_s(config, name, passthrough, env):
@@ -696,6 +755,9 @@ def main(argv):
                 shutil.rmtree(local, ignore_errors=True)
                 shutil.copytree(published, local)
     todo = [(n, s) for n, s in plan if not finished(read_log(runs_dir / n / f"seed{s}"))]
+    if options["report"] and len(todo) == len(plan):
+        raise ValueError(f"no finished run in {runs_dir} to report: train the grid first (the same command "
+                         "without --report=True), or check --out_dir")
     for name, seed in plan:  # a run that finished with other train.py arguments would not be comparable
         run_dir = runs_dir / name / f"seed{seed}"
         args_file = run_dir / "train_args.json"
@@ -708,6 +770,7 @@ def main(argv):
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:
         todo = []
+    trained = list(todo)  # what this command trains, on this machine (the others finished before, maybe elsewhere)
 
     # expected time: finished runs' times where there are some, else a short timing probe of train.py
     known = {}
@@ -762,12 +825,14 @@ def main(argv):
         raise errors[0]
     if options["eval_tasks"] and not options["report"]:
         evaluate_runs(plan, runs_dir, options, env, publish)
+    if publish:  # every finished run, the ones an earlier command trained too: the published results are made of them
+        publish_runs(plan, runs_dir, publish)
 
     records = load_records(runs_dir, names, seeds)
     command = "python compare.py " + " ".join(a for a in argv if not a.startswith("--report="))  # the command that trains them
     max_iters = settings["max_iters"] if not sweep or sweep[0] != "max_iters" else "/".join(sweep[1])
     results = write_results(compare_dir, records, names, seeds,
-                            dict(command=command, machine=machine(env, jobs), max_iters=max_iters), publish)
+                            dict(command=command, machine=machine(env, jobs), max_iters=max_iters), publish, trained)
     print(f"wrote {compare_dir / 'results.md'}" + (f" and {publish}/" if publish else ""))
     print(table(results))
     if score_table(results):

@@ -3,7 +3,8 @@ The pictures: those of one grid, which compare.py draws as it writes its results
 compare.py --help, "Output"), and figures that put published grids side by side, from the command line:
 
     python figures.py width docs/compare/depth docs/compare/width --n_layer=8 --out=docs/compare/width/delta_vs_width.png
-    python figures.py depth docs/compare/depth docs/compare/width docs/compare/width16 --out=docs/compare/width16/delta_vs_depth.png
+    python figures.py depth docs/compare/depth docs/compare/width docs/compare/width16 \
+        --runs=rd/res_blocks=0,attnres/res_blocks=0 --out=docs/compare/width16/delta_vs_depth.png
 
 width: each run kind's paired Δ val loss to standard (results.json's, mean ± std over seeds) against
 model width at one depth, from grids that differ in width (a sweep over n_embd, or another config).
@@ -58,6 +59,13 @@ def line_style(name):
 def point_style(name):
     """line_style plus a marker, square for block routing: a sweep value with one point has no line to dash."""
     return dict(line_style(name), marker="s" if blocks(name) else "o")
+
+
+def second_reference(style):
+    """A run kind's style for its second reference in one picture (rd_fixedv − attnres after rd_fixedv − rd):
+    hollow markers and a dotted line (dash-dotted for block routing, which is dashed), so that the two
+    comparisons of one kind, one colour, are not drawn as one series twice."""
+    return dict(style, linestyle=":" if style["linestyle"] == "-" else "-.", markerfacecolor="white")
 
 
 def plot_val_loss(records, names, path):
@@ -192,8 +200,12 @@ def plot_sweep(results, path):
             x = [points.index(pt) + 0.04 * (i - (len(pairs) - 1) / 2) for pt in by_point]  # side by side, not on top
             y = [p["diff_nats_mean"] for p in by_point.values()]
             err = [p["diff_nats_std"] or 0.0 for p in by_point.values()]
-            ax.errorbar(x, y, yerr=err, ms=4, capsize=3, lw=1.4, **point_style(kind),
-                        label=kind if not parents else f"{kind} − {ref}")
+            later = any(k == kind for k, _ in pairs[:i])  # the kind's colour is taken: its line style tells them apart
+            style = second_reference(point_style(kind)) if later else point_style(kind)
+            bars = ax.errorbar(x, y, yerr=err, ms=4, capsize=3, lw=1.4, **style,
+                               label=kind if not parents else f"{kind} − {ref}")
+            if later:  # its error bars dotted too: at a value with one point there is no line to tell it by
+                bars.lines[2][0].set_linestyle(":")
         ax.axhline(0, color=COLORS[REFERENCE], lw=1)
         ax.set_xticks(range(len(points)), points)
         ax.set_xlim(-0.5, len(points) - 0.5)
@@ -323,7 +335,8 @@ def draw_deltas(ax, series, sizes, xlabel):
     ax.set_xlim(sizes[0] / 1.3, sizes[-1] * 1.3)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    # under the axes (below the x label: its pad is in font sizes), not on them: no point or bar is covered
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0), borderaxespad=5, ncol=1 if len(series) < 4 else 2)
 
 
 def plot_width(deltas, n_layer, path):
@@ -332,7 +345,7 @@ def plot_width(deltas, n_layer, path):
     kinds = [kind for kind, by_width in deltas.items() if len(by_width) > 1]
     if not kinds:
         raise ValueError(f"no run kind was measured at two widths at n_layer={n_layer}: no line to draw")
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     draw_deltas(ax, {kind: deltas[kind] for kind in kinds}, sorted({w for kind in kinds for w in deltas[kind]}),
                 "n_embd (model width)")
     ax.set_ylabel(f"paired Δ val loss to {REFERENCE} (nats, < 0: better)")
@@ -362,7 +375,7 @@ def plot_depth(deltas, path):
         raise ValueError("no run kind was measured at two depths of one width: no line to draw")
     widths = sorted({width for by_width in deltas.values() for width in by_width})
     depths = sorted({depth for by_width in deltas.values() for by_depth in by_width.values() for depth in by_depth})
-    fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1, 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths) + 1, 4.8), sharey=True, squeeze=False)
     for ax, width in zip(axes[0], widths):
         draw_deltas(ax, {kind: by_width[width] for kind, by_width in deltas.items() if width in by_width}, depths,
                     "n_layer (model depth)")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import compare
+from common import device_name
 from helpers import randomise_queries, tiny_config
 from model import GPT
 
@@ -211,25 +212,104 @@ def test_aggregate_synthetic_grid(tmp_path):
 
 
 def test_results_name_the_machine_of_every_run(tmp_path):
-    """Runs kept from an earlier command may have trained on another computer: results.md then says
-    which runs trained where, so their s/run are not read as one machine's; one machine, no such line."""
+    """results.md names the machine the runs trained on as their logs record it, not the one writing it
+    (meta's); this machine in full only when this command trained every run; runs kept from an earlier
+    command on another computer: it says which runs trained where, so their s/run are not read as one
+    machine's; a run whose log names no machine is placed here only if this command trained it."""
     runs = tmp_path / "compare" / "runs"
     names = ["standard", "rd/res_blocks=0"]
     for seed in range(2):
         write_log(runs / "standard" / f"seed{seed}", [3.0, 2.0], device_name="CPU A", elapsed_s=100.0)
         write_log(runs / "rd/res_blocks=0" / f"seed{seed}", [3.0, 1.9], routing_of("rd"), device_name="CPU A")
-    meta = dict(command="python compare.py test", machine="CPU B", max_iters=20)
-    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    meta = dict(command="python compare.py test", machine="CPU B (2 cores, torch on 1 thread)", max_iters=20)
+    every_run = [(name, seed) for name in names for seed in range(2)]
+    out = lambda folder: (tmp_path / folder / "results.md").read_text()
     results = compare.write_results(tmp_path / "one", compare.load_records(runs, names, range(2)), names, range(2), meta)
     assert results["runs"]["standard"]["machines"] == ["CPU A, torch 2.13.0"]
-    assert "Not every run" not in (tmp_path / "one" / "results.md").read_text()
+    assert results["machine"] == "CPU A, torch 2.13.0"  # kept runs: where they trained, not where this runs
+    assert out("one").splitlines()[0].endswith("seeds 0, 1, on CPU A, torch 2.13.0.")
+    assert "CPU B" not in out("one") and "Not every run" not in out("one")
+
+    # all trained by this command: this machine in full (cores, threads), which the logs do not record
+    results = compare.write_results(tmp_path / "now", compare.load_records(runs, names, range(2)), names, range(2),
+                                    meta, trained=every_run)
+    assert results["machine"] == meta["machine"] and "Not every run" not in out("now")
 
     write_log(runs / "rd/res_blocks=0" / "seed1", [3.0, 1.9], routing_of("rd"), device_name="CPU B")
     results = compare.write_results(tmp_path / "two", compare.load_records(runs, names, range(2)), names, range(2), meta)
     assert results["runs"]["rd/res_blocks=0"]["machines"] == ["CPU A, torch 2.13.0", "CPU B, torch 2.13.0"]
-    md = (tmp_path / "two" / "results.md").read_text()
+    assert results["machine"] == "2 machines: CPU A, torch 2.13.0; CPU B, torch 2.13.0"
     assert ("standard, rd/res_blocks=0 on CPU A, torch 2.13.0; rd/res_blocks=0 on CPU B, torch 2.13.0. "
-            "Compare s/run only") in md
+            "Compare s/run only") in out("two")
+
+    # logs that name no machine: this one if this command trained the run, else none is guessed
+    write_log(runs / "rd/res_blocks=0" / "seed1", [3.0, 1.9], routing_of("rd"))
+    results = compare.write_results(tmp_path / "three", compare.load_records(runs, names, range(2)), names, range(2),
+                                    meta, trained=[("rd/res_blocks=0", 1)])
+    assert results["runs"]["rd/res_blocks=0"]["machines"] == ["CPU A, torch 2.13.0", meta["machine"]]
+    results = compare.write_results(tmp_path / "four", compare.load_records(runs, names, range(2)), names, range(2), meta)
+    assert results["runs"]["rd/res_blocks=0"]["machines"] == ["CPU A, torch 2.13.0", compare.UNNAMED]
+    assert f"rd/res_blocks=0 on {compare.UNNAMED}." in out("four") and "CPU B" not in out("four")
+
+
+def test_report_on_another_machine_keeps_where_the_runs_trained(tmp_path, capsys, monkeypatch):
+    """--report=True on another computer (the published grids are re-reported anywhere) writes the
+    machine the runs' logs name, not the one it runs on."""
+    runs = tmp_path / "compare" / "runs"
+    for name in ("standard", "delta/res_blocks=0"):
+        for seed in range(2):
+            write_log(runs / name / f"seed{seed}", [3.0, 2.0 - 0.1 * (name != "standard")],
+                      routing_of("delta") if name != "standard" else None, device_name="AMD EPYC")
+    monkeypatch.setattr(compare, "machine", lambda env, jobs: "Intel(R) Xeon(R) Processor (2 cores), torch 2.13.0")
+    results = compare.main([f"--out_dir={tmp_path}", "--seeds=2", "--runs=delta", "--report=True"])
+    assert results["machine"] == "AMD EPYC, torch 2.13.0"
+    md = (tmp_path / "compare" / "results.md").read_text()
+    assert md.splitlines()[0].endswith("seeds 0, 1, on AMD EPYC, torch 2.13.0.") and "Intel" not in md
+    assert json.loads((tmp_path / "compare" / "results.json").read_text())["machine"] == "AMD EPYC, torch 2.13.0"
+
+
+def test_report_without_finished_runs_says_what_to_do(tmp_path):
+    """--report=True before any run finished (or with the wrong --out_dir): a one-line error, no traceback."""
+    argv = [f"--out_dir={tmp_path / 'nothing'}", "--seeds=1", "--runs=delta", "--report=True"]
+    with pytest.raises(ValueError, match="no finished run in .* to report: train the grid first"):
+        compare.main(argv)
+    run = subprocess.run([sys.executable, str(ROOT / "compare.py"), *argv], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 1 and run.stderr.count("\n") == 1 and run.stderr.startswith("error: no finished run")
+    assert "--out_dir" in run.stderr and not (tmp_path / "nothing" / "compare" / "results.md").exists()
+
+
+def test_publish_brings_every_finished_run(tmp_path, capsys):
+    """--publish copies every finished run of the grid, not only those this command trains: runs an
+    earlier command finished (the standard runs another grid trained in the same out_dir) go in with
+    their train_args.json and scores; a run published before keeps its log, its changed scores are copied."""
+    runs, published = tmp_path / "compare" / "runs", tmp_path / "published"
+    plan = [(name, seed) for name in ("standard", "delta/res_blocks=0") for seed in range(2)]
+    for name, seed in plan:
+        run_dir = runs / name / f"seed{seed}"
+        write_log(run_dir, [3.0, 2.0 - 0.1 * (name != "standard")], routing_of("delta") if name != "standard" else None)
+        (run_dir / "train_args.json").write_text(json.dumps(compare.train_args(None, run_dir, seed, name, [])) + "\n")
+    write_scores(runs / "standard" / "seed1", {"tiny_choice/acc": 0.3})
+    compare.publish_run(runs / "delta/res_blocks=0" / "seed0", published / "runs" / "delta/res_blocks=0" / "seed0")
+    first = published / "runs" / "delta/res_blocks=0" / "seed0" / "log.jsonl"
+    first.write_text(first.read_text() + "\n")  # marks this copy: it must be kept, not published again
+    argv = [f"--out_dir={tmp_path}", "--seeds=2", "--runs=delta", f"--publish={published}"]
+    compare.main(argv + ["--report=True"])
+    for name, seed in plan:
+        run_dir, copy = runs / name / f"seed{seed}", published / "runs" / name / f"seed{seed}"
+        assert compare.finished(compare.read_log(copy)), (name, seed)
+        assert '"event": "train"' not in (copy / "log.jsonl").read_text()
+        assert (copy / "train_args.json").read_text() == (run_dir / "train_args.json").read_text()
+    assert first.read_text().endswith("\n\n")
+    scores = published / "runs" / "standard" / "seed1" / "ckpt.eval.json"
+    assert scores.read_text() == (runs / "standard" / "seed1" / "ckpt.eval.json").read_text()
+    assert compare.read_scores(scores.parent) == {"tiny_choice/acc": (0.3, True)}
+    assert "| standard |" in (published / "results.md").read_text()
+
+    write_scores(runs / "standard" / "seed1", {"tiny_choice/acc": 0.4})  # scored again, e.g. on more examples
+    compare.main(argv)  # every run finished: nothing trains, the scores are published again
+    assert "0 to train" in capsys.readouterr().out
+    assert compare.read_scores(scores.parent) == {"tiny_choice/acc": (0.4, True)}
 
 
 def test_papers_comparisons_on_a_synthetic_sweep(tmp_path):
@@ -486,6 +566,9 @@ def test_tiny_grid_end_to_end(tmp_path, dataset, capsys, monkeypatch):
     assert "3 done, 1 to train" in out and "[1/1] delta/res_blocks=0 seed1" in out and "timing probe" not in out
     assert {p: p.stat().st_mtime_ns for p in kept} == kept
     assert results2["runs"]["delta/res_blocks=0"]["val_loss"] == pytest.approx(r["delta/res_blocks=0"]["val_loss"])
+    # where they trained: this machine in full when this command trained them all, else as the logs name it
+    assert results["machine"] == compare.machine(dict(os.environ), 1)
+    assert results2["machine"] == f"{device_name('cpu')}, torch {torch.__version__}"
 
 
 def test_sweep_jobs_and_published_runs_end_to_end(tmp_path, dataset, capsys, monkeypatch):

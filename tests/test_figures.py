@@ -58,6 +58,31 @@ def test_block_routing_is_dashed_with_square_markers():
     assert figures.line_style("standard") == dict(color="black", linestyle="-")
 
 
+def test_sweep_draws_each_reference_of_a_kind_apart(tmp_path, monkeypatch):
+    """rd_fixedv is compared with rd and with attnres: one colour, so its second comparison is drawn with
+    hollow markers, another line and dotted error bars, not as a copy of the first; other kinds keep theirs."""
+    names = [f"{pt}/{kind}" for pt in ("n_layer=2", "n_layer=4")
+             for kind in ("standard", "attnres/res_blocks=0", "rd/res_blocks=0", "rd_fixedv/res_blocks=0")]
+    finals = {"standard": [2.00, 2.10], "attnres/res_blocks=0": [1.98, 2.06], "rd/res_blocks=0": [1.96, 2.03],
+              "rd_fixedv/res_blocks=0": [1.97, 2.05]}
+    records = {name: {seed: dict(val_loss=v, elapsed_s=None, commit=None, curve=[], routing=None, scores={})
+                      for seed, v in enumerate(finals[compare.split_point(name)[1]])} for name in names}
+    results = dict(points=["n_layer=2", "n_layer=4"], runs=compare.aggregate(records, names))
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+    figures.plot_sweep(results, tmp_path / "sweep_val_loss.png")
+    series = {c.get_label(): c for c in drawn[0].axes[1].containers}  # the papers' comparisons
+    first, second = (series[f"rd_fixedv/res_blocks=0 − {ref}/res_blocks=0"] for ref in ("rd", "attnres"))
+    style = lambda c: (c.lines[0].get_linestyle(), c.lines[0].get_markerfacecolor(), c.lines[2][0].get_linestyle()[0])
+    assert first.lines[0].get_color() == second.lines[0].get_color() == "tab:olive"
+    assert style(first) != style(second)
+    assert second.lines[0].get_linestyle() == ":" and second.lines[0].get_markerfacecolor() == "white"
+    rd = series["rd/res_blocks=0 − attnres/res_blocks=0"].lines[0]
+    assert (rd.get_linestyle(), rd.get_markerfacecolor()) == ("-", "tab:green")  # its only comparison: as ever
+    assert len(drawn[0].axes[1].containers) == 3
+    figures.plt.close(drawn[0])  # save, which closes it, did not run
+
+
 def test_width_deltas_are_read_from_results_and_train_args(grids):
     """Each run's Δ to standard at the asked depth, its width and heads read from its train_args.json (the
     config file's 128 where no argument sets n_embd); a kind at one width is kept but not drawn."""
