@@ -24,6 +24,8 @@ from common import (DTYPES, autocast, boolean, die, peak_flops, provenance, reso
                     synchronize, triton_version)
 from model import GPT, GPTConfig
 
+PROMPT_TOKENS = 16  # decoding is timed after a prompt of this many tokens, in the cache of block_size positions
+
 # row -> the row it is compared with. Rows are run names as in compare.py (common.run_settings), plus
 # 'dense' (standard, the low-rank rows' reference) and 'folded/rank=R' (dlr/rank=R folded for inference)
 ROWS = {
@@ -158,7 +160,7 @@ class Row:
         B, T, V = args.batch_size, args.block_size, args.vocab_size
         self.x = torch.randint(0, V, (B, T), generator=g).to(args.device)
         self.y = torch.randint(0, V, (B, T), generator=g).to(args.device)
-        self.prompt = self.x[:, :16]
+        self.prompt = self.x[:, :PROMPT_TOKENS]
         self.times = {"train": [], "decode": []}
         self.peak_mem = None  # on the CPU counted from an eager step, compiled or not
 
@@ -307,7 +309,8 @@ def run(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.compile:  # one training graph per row; past the limit dynamo would silently run eager
-        torch._dynamo.config.recompile_limit = 4 * len(ROWS)
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # before torch 2.7
+        setattr(torch._dynamo.config, limit, 4 * len(ROWS))
     rank = args.rank or args.n_embd // 4
     rows = {name.format(r=rank): (row_settings(name.format(r=rank)), ref.format(r=rank)) for name, ref in ROWS.items()}
     if args.rows != "all":
@@ -324,6 +327,9 @@ def run(args):
             GPTConfig(**base_config(args), **{k: v for k, v in cfg.items() if k != "fold"})
         except ValueError as e:
             die(f"row {name}: {e}")
+    if PROMPT_TOKENS + args.decode_tokens > args.block_size:
+        die(f"decoding {args.decode_tokens} tokens after a {PROMPT_TOKENS}-token prompt needs block_size >= "
+            f"{PROMPT_TOKENS + args.decode_tokens}: raise --block_size or lower --decode_tokens")
     ctx = autocast(args.device, args.dtype)
 
     peak, peak_source = peak_flops(args.device, args.dtype, args.peak_tflops)

@@ -44,8 +44,8 @@ def die(message, code=1):
 
 
 def boolean(s):
-    """argparse's type for a yes/no option, so that the tools read booleans as train.py does: with
-    nargs="?" and const=True, --flag, --flag=True and --flag=false all work."""
+    """argparse's type for a yes/no option: with nargs="?" and const=True, --flag, --flag=True and
+    --flag=false all work, so train.py's spelling (--flag=True, --flag=False) works in the tools too."""
     if s.lower() in ("1", "true", "yes"):
         return True
     if s.lower() in ("0", "false", "no"):

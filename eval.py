@@ -2,7 +2,7 @@
 Score a checkpoint on lm-evaluation-harness tasks, the downstream numbers the papers report.
 
     python eval.py --out_dir=out --tasks=hellaswag,arc_easy,piqa,lambada_openai
-    python eval.py --ckpt=out/folded.pt --tasks=hellaswag --limit=500 --batch_size=32
+    python eval.py --ckpt=out-dlr/folded.pt --tasks=hellaswag --limit=500 --batch_size=32
     python eval.py --init_from=gpt2 --tasks=hellaswag
     python eval.py --out_dir=out --tasks=my_task --include_path=my_tasks/     # task YAMLs of your own
 
@@ -53,7 +53,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: die(f"{message} (python eval.py --help)", 2)  # one line, like every error here
     p.add_argument("--out_dir", default="out", help="where train.py wrote ckpt.pt")
-    p.add_argument("--ckpt", default=None, help="a checkpoint file (default: OUT_DIR/ckpt.pt), e.g. out/folded.pt")
+    p.add_argument("--ckpt", default=None, help="a checkpoint file (default: OUT_DIR/ckpt.pt), e.g. out-dlr/folded.pt")
     p.add_argument("--init_from", default="resume", choices=("resume", *GPT2_CONFIGS),
                    help="resume: the checkpoint; gpt2*: OpenAI's GPT-2 weights")
     p.add_argument("--cache_dir", default="cache", help="where downloaded GPT-2 weights are kept (as in train.py)")

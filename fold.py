@@ -1,8 +1,8 @@
 """
 Fold the Duplicated Latent Residual away for deployment (README "Folding DLR away").
 
-    python fold.py --ckpt=out/ckpt.pt --out=out/folded.pt           # DLR -> plain low rank, same outputs
-    python fold.py --ckpt=out/ckpt.pt --out=out/dense.pt --dense    # low rank -> ordinary dense weights
+    python fold.py --ckpt=out-dlr/ckpt.pt --out=out-dlr/folded.pt           # DLR -> plain low rank, same outputs
+    python fold.py --ckpt=out-dlr/ckpt.pt --out=out-dlr/dense.pt --dense    # low rank -> ordinary dense weights
 
 DLR adds (alpha / sqrt K) R z to every low-rank linear, R a fixed 0/1 matrix, so
 y = (B + (alpha / sqrt K) R) z + bias: folding writes that sum into B and switches DLR off. The
@@ -12,9 +12,9 @@ folded checkpoint has exactly the parameters, FLOPs and memory of a plain low-ra
 weights: a plain GPT checkpoint that GPT-2 style tools load (when the model's residual mode is
 standard). It needs lowrank_act=identity: with silu, B silu(A x) is no linear map of x.
 
-Before writing, the new checkpoint is loaded into a fresh model and checked against the original:
-the largest logit difference on a batch of random tokens, and the parameter count and training
-FLOPs per token, compared with a freshly built model of the target config. The rest of the
+Before writing, the new checkpoint is loaded into a fresh model of the target config (so its
+shapes are that model's) and checked against the original: the largest logit difference on a batch
+of random tokens; the parameter count and training FLOPs per token are printed. The rest of the
 checkpoint (training config, dataset_meta, iter_num) is kept so sample.py can use it; the
 optimizer state is dropped, as it belongs to the weights before the fold.
 """
@@ -93,7 +93,7 @@ def all_logits(model, idx):
 def main(argv=None):
     args = parse_args(argv)
     if same_file(args.ckpt, args.out):
-        die(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out/folded.pt")
+        die(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out-dlr/folded.pt")
     try:
         model, ckpt = load_model(args.ckpt, args.device, dropout=0.0)
     except (FileNotFoundError, ValueError) as e:
@@ -128,20 +128,14 @@ def main(argv=None):
     diff = (after - before).abs().max().item()
     scale = before.abs().max().item()
     after_count = (new_model.get_num_params(), new_model.flops_per_token())
-    reference = GPT(GPTConfig.from_dict(dict(new_args, dropout=0.0)))
-    reference_count = (reference.get_num_params(), reference.flops_per_token())
 
-    what = "dense" if args.dense else "plain low-rank"
     print(f"{args.ckpt} -> {args.out}: DLR {'folded into B' if had_dlr else 'off'} in {n_linears} low-rank linears"
           + (", B A multiplied out into dense weights" if args.dense else ""))
     print(f"{'':<22} {'params':>14} {'FLOPs/token':>16}")
     for label, (n, f) in ((f"before ({'DLR' if had_dlr else 'low rank'})", before_count),
-                          (f"after ({'dense' if args.dense else 'folded'})", after_count),
-                          (f"fresh {what}", reference_count)):
+                          (f"after ({'dense' if args.dense else 'folded'})", after_count)):
         print(f"{label:<22} {n:>14,} {f:>16,}")
     print(f"max |logit diff| {diff:.3g} on {args.check_batch} x {T} random tokens (max |logit| {scale:.3g})")
-    if after_count != reference_count:
-        die(f"the result does not have the size of a fresh {what} model; not writing {args.out}")
     if not diff <= CHECK_RTOL * max(scale, 1.0):
         die(f"the logits changed by {diff:.3g}, more than {CHECK_RTOL:g} of their scale; not writing {args.out}")
 

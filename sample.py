@@ -4,7 +4,7 @@ Tokens are printed as they are generated; each new token costs one one-token for
 key-value cache, not a pass over the whole context.
 
     python sample.py --out_dir=out --start="Once upon a time" --num_samples=3
-    python sample.py --ckpt=out/folded.pt --start=FILE:prompt.txt --temperature=0
+    python sample.py --ckpt=out-dlr/folded.pt --start=FILE:prompt.txt --temperature=0
     python sample.py --init_from=gpt2 --start="The meaning of life is"
     python sample.py --out_dir=out --routing --num_samples=0     # only where each sublayer routes
     python sample.py --device=cuda --compile                     # a compiled one-token step (CUDA graphs)
@@ -30,7 +30,7 @@ from download import DownloadError
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default="out", help="where train.py wrote ckpt.pt")
-    p.add_argument("--ckpt", default=None, help="a checkpoint file (default: OUT_DIR/ckpt.pt), e.g. out/folded.pt")
+    p.add_argument("--ckpt", default=None, help="a checkpoint file (default: OUT_DIR/ckpt.pt), e.g. out-dlr/folded.pt")
     p.add_argument("--init_from", default="resume", choices=("resume", *GPT2_CONFIGS),
                    help="resume: the checkpoint; gpt2*: OpenAI's GPT-2 weights")
     p.add_argument("--cache_dir", default="cache", help="where downloaded GPT-2 weights are kept (as in train.py)")
@@ -52,6 +52,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.temperature < 0 or args.num_samples < 0 or args.max_new_tokens < 0:
         p.error("--temperature, --num_samples and --max_new_tokens must not be negative")
+    if args.compile and not args.cache:
+        p.error("--compile compiles the one-token step over the key-value cache: drop --cache=False")
     try:
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
@@ -142,7 +144,7 @@ def main(argv=None):
         print("---------------")
 
     top_k = args.top_k if args.top_k > 0 else None
-    decode_step = model.compile_decoding() if args.compile and args.cache else None  # compiles at its first token
+    decode_step = model.compile_decoding() if args.compile else None  # compiles at its first token
     for _ in range(args.num_samples):
         print(tokenizer.decode(ids), end="", flush=True)
         decoder = StreamDecoder(tokenizer)

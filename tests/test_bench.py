@@ -128,6 +128,12 @@ def test_a_size_no_row_can_take_is_a_one_line_error():
     assert result.stderr.startswith("error: row attnres/res_blocks=4:") and result.stderr.count("\n") == 1
 
 
+def test_decoding_past_the_context_is_a_one_line_error():
+    result = run_bench("--block_size=32", "--decode_tokens=17", "--rows=standard")
+    assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "decoding 17 tokens after a 16-token prompt needs block_size >= 33" in result.stderr
+
+
 def test_a_row_brings_its_chain_of_references(tmp_path):
     """folded is compared with lowrank, which is compared with dense: asking for folded runs all three."""
     result = run_bench("--rows=folded/rank=8", f"--json={tmp_path / 'b.json'}")
