@@ -796,7 +796,7 @@ def main(argv):
             slot = min(set(range(jobs)) - {slot for *_, slot in running.values()})
             run_dir = runs_dir / name / f"seed{seed}"
             if run_dir.exists():
-                shutil.rmtree(run_dir)  # an unfinished run starts over: a resumed one might not see the same batches
+                shutil.rmtree(run_dir)  # an unfinished run starts over, so that its elapsed time is one process's (s/run)
             cmd = train_command(config, run_dir, seed, name, passthrough)
             run_dir.mkdir(parents=True)
             (run_dir / "train_args.json").write_text(json.dumps(train_args(config, run_dir, seed, name, passthrough)) + "\n")

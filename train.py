@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, fields
@@ -473,6 +474,57 @@ log_event(event="start" if init_from != "resume" else "resume", iter=iter_num, *
 # -----------------------------------------------------------------------------
 # training loop
 
+def save_run(log_bytes):
+    """Everything a resume needs into ckpt_path, atomically (rank 0 writes it; every rank gives its RNG state).
+    log_bytes: the size of log.jsonl the checkpoint goes with (a resume cuts the log back to it)."""
+    global saved_iter
+    rng = dict(torch=torch.get_rng_state(), python=random.getstate(),
+               cuda=torch.cuda.get_rng_state() if device_type == "cuda" else None)
+    rngs = [None] * world_size
+    if ddp:
+        dist.all_gather_object(rngs, rng)  # every rank's dropout stream
+    else:
+        rngs = [rng]
+    if master:
+        save_checkpoint({
+            "model": raw_model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
+            "model_args": asdict(raw_model.config),
+            "iter_num": iter_num,
+            "best_val_loss": best_val_loss,
+            "config": config,
+            "dataset_meta": meta,
+            "rng": rngs,  # per rank: torch (dropout), python, cuda
+            "data_rng": data_rng.bit_generator.state,  # the data position: the next windows to draw
+            "log_bytes": log_bytes,
+            "wandb_run_id": wandb_run.id if wandb_run is not None else None,  # eval.py adds its scores there
+        }, ckpt_path)
+        print(f"saved {ckpt_path}")
+    saved_iter = iter_num
+
+
+# Ctrl-C (SIGINT) or a scheduler's SIGTERM: the run stops at its next log line, with a checkpoint to resume
+# from, instead of losing what it trained since the last one. Every rank gets the signal, not necessarily
+# in the same iteration, so at each log line the ranks agree (one small all-reduce) on whether to stop.
+# A second signal, seconds later, stops at once; one right after the first is the same stop request arriving
+# twice (a terminal signals every process, and torchrun forwards the signal to its workers as well).
+SIGNAL_REPEAT_S = 2.0
+stop_signal, stop_time, stopping = None, None, False
+
+
+def request_stop(signum, frame):
+    global stop_signal, stop_time
+    if stop_signal is not None:
+        if time.time() - stop_time > SIGNAL_REPEAT_S:
+            raise KeyboardInterrupt
+        return
+    stop_signal, stop_time = signal.Signals(signum), time.time()  # (no print here: it may interrupt a print)
+
+
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, request_stop)
+
 peak, peak_source = peak_flops(device, dtype, peak_tflops)
 if master:
     print(f"MFU against {peak / 1e12:.3g} TFLOP/s per device, from {peak_source}")
@@ -507,33 +559,25 @@ while True:
         # save what is new: any iteration after the start, or a converted model at its start
         is_new = iter_num > start_iter or init_from not in ("scratch", "resume")
         if (improved or always_save_checkpoint) and is_new and not eval_only:
-            rng = dict(torch=torch.get_rng_state(), python=random.getstate(),
-                       cuda=torch.cuda.get_rng_state() if device_type == "cuda" else None)
-            rngs = [None] * world_size
-            if ddp:
-                dist.all_gather_object(rngs, rng)  # every rank's dropout stream
-            else:
-                rngs = [rng]
-            if master:
-                save_checkpoint({
-                    "model": raw_model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "model_args": asdict(raw_model.config),
-                    "iter_num": iter_num,
-                    "best_val_loss": best_val_loss,
-                    "config": config,
-                    "dataset_meta": meta,
-                    "rng": rngs,  # per rank: torch (dropout), python, cuda
-                    "data_rng": data_rng.bit_generator.state,  # the data position: the next windows to draw
-                    "log_bytes": log_bytes,
-                    "wandb_run_id": wandb_run.id if wandb_run is not None else None,  # eval.py adds its scores there
-                }, ckpt_path)
-                print(f"saved {ckpt_path}")
-            saved_iter = iter_num
+            save_run(log_bytes)
         t_last, iters_since_log = time.time(), 0  # evaluation time is not training time
     if iter_num >= max_iters or eval_only:
         break
+    if stopping:  # a signal, seen by every rank at the last log line: save (no evaluation: a resume makes it) and stop
+        if always_save_checkpoint and iter_num > start_iter and saved_iter != iter_num:
+            save_run(log_path.stat().st_size if master and log_path.exists() else 0)
+        kept = f"{ckpt_path} at iter {saved_iter}" if saved_iter is not None else "no checkpoint"
+        log_event(event="stopped", iter=iter_num, signal=stop_signal.name, ckpt=str(ckpt_path) if saved_iter is not None else None)
+        if master:
+            print(f"{stop_signal.name}: stopped at iter {iter_num}; {kept}"
+                  + (f" (continue with --init_from=resume --out_dir={out_dir})" if saved_iter is not None else "")
+                  + ("" if always_save_checkpoint else " (always_save_checkpoint=False keeps the best, saved at its eval)"))
+        if wandb_run is not None:
+            wandb_run.finish(exit_code=1)
+        if ddp:
+            dist.barrier()
+            dist.destroy_process_group()
+        sys.exit(128 + stop_signal.value)  # the shell's code for a run ended by that signal: not finished
 
     # one iteration: gradient_accumulation_steps micro-batches over all ranks, one optimizer step
     lr = get_lr(iter_num)
@@ -578,6 +622,13 @@ while True:
         log_event(event="train", iter=iter_num, loss=lossf, lr=lr, ms_per_iter=dt * 1000,
                   tokens_per_s=tokens_per_iter / dt, mfu=mfu)
         t_last, iters_since_log = time.time(), 0
+        stopping = stop_signal is not None
+        if ddp:  # stop together: a rank that missed the signal (or got it later) stops with the others
+            flag = torch.tensor(float(stopping), device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stopping = flag.item() > 0
+            if stopping and stop_signal is None:  # another rank's signal
+                stop_signal, stop_time = signal.SIGTERM, time.time()
     iter_num += 1
 
 # -----------------------------------------------------------------------------

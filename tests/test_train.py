@@ -8,8 +8,10 @@ on the CPU with one thread per process.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -193,6 +195,86 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     assert "val loss" in result.stdout
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
     assert events(tmp_path, "done")[-1]["ckpt"] == str(tmp_path / "ckpt.pt")
+
+
+def start_and_signal(args, out_dir, sig, after_iter, command=(sys.executable, str(TRAIN)), cwd=None):
+    """Start train.py, send it sig once its log shows iteration after_iter, wait for it to end: (its
+    return code, stdout)."""
+    process = subprocess.Popen([*command, *map(str, args)], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    log, deadline = Path(out_dir) / "log.jsonl", time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if log.exists() and any(e["event"] == "train" and e["iter"] >= after_iter
+                                for e in map(json.loads, log.read_text().splitlines()[:-1])):  # (the last may be partial)
+            break
+        time.sleep(0.05)
+    process.send_signal(sig)
+    process.send_signal(sig)  # at once again, as a terminal and torchrun both signal a worker: one request
+    out, _ = process.communicate(timeout=120)
+    return process.returncode, out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_at_a_log_line_with_a_checkpoint_that_resumes_exactly(data, tmp_path, sig):
+    """Ctrl-C (SIGINT) or a scheduler's SIGTERM mid-run: the run stops at its next log line, saves the state
+    after its last step (no work lost since the last eval), logs `stopped` (not `done`: it did not finish)
+    and exits with the shell's code for that signal. Resumed, it trains the straight run's losses."""
+    common = [*TINY, f"--dataset={data}", "--dropout=0.1", "--residual=rd", "--eval_interval=1000",
+              "--lr_decay_iters=2000", "--log_interval=2"]
+    code, out = start_and_signal([*common, f"--out_dir={tmp_path / 'stopped'}", "--max_iters=2000"],
+                                 tmp_path / "stopped", sig, after_iter=4, cwd=tmp_path)
+    assert code == 128 + sig.value, out
+    stopped = events(tmp_path / "stopped", "stopped")
+    assert len(stopped) == 1 and not events(tmp_path / "stopped", "done") and stopped[0]["signal"] == sig.name
+    at = stopped[0]["iter"]
+    assert at % 2 == 1 and at < 2000  # the iteration after a log line (log_interval=2 logs the even ones)
+    assert load_checkpoint(tmp_path / "stopped" / "ckpt.pt")["iter_num"] == at
+    assert f"{sig.name}: stopped at iter {at}; {tmp_path / 'stopped' / 'ckpt.pt'} at iter {at}" in out
+    train(*common, f"--out_dir={tmp_path / 'stopped'}", f"--max_iters={at + 4}", "--init_from=resume", cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'straight'}", f"--max_iters={at + 4}", cwd=tmp_path)
+    assert losses(tmp_path / "stopped") == losses(tmp_path / "straight")
+    assert not events(tmp_path / "stopped", "stopped")  # cut from the log with what followed the checkpoint
+
+
+def test_a_second_signal_later_stops_at_once(data, tmp_path):
+    """A run between log lines (log_interval=10^6) gets Ctrl-C, then Ctrl-C again 3 s later: it stops at once,
+    without a checkpoint or a `stopped` line, as Python stops on a KeyboardInterrupt."""
+    args = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=1000000", "--lr_decay_iters=1000000",
+            "--log_interval=1000000", "--eval_interval=1000000"]
+    process = subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    log, deadline = tmp_path / "log.jsonl", time.time() + 120
+    while time.time() < deadline and not (log.exists() and '"event": "eval"' in log.read_text()):
+        time.sleep(0.05)
+    time.sleep(0.5)  # training
+    process.send_signal(signal.SIGINT)
+    time.sleep(3)
+    assert process.poll() is None  # still training towards its next log line
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode != 0 and "KeyboardInterrupt" in output
+    assert not events(tmp_path, "stopped") and not (tmp_path / "ckpt.pt").exists()
+
+
+def test_a_signal_stops_every_torchrun_rank_together(data, tmp_path):
+    """Under torchrun the ranks get a signal at different iterations (here only one worker gets it): they agree
+    at the next log line and stop together, with one checkpoint."""
+    out = tmp_path / "two"
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN))
+    process = subprocess.Popen([*torchrun, *TINY, f"--dataset={data}", f"--out_dir={out}", "--max_iters=2000",
+                                "--lr_decay_iters=2000", "--eval_interval=1000", "--gradient_accumulation_steps=2"],
+                               cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log, deadline = out / "log.jsonl", time.time() + 120
+    while time.time() < deadline and not (log.exists() and '"iter": 3,' in log.read_text()):
+        time.sleep(0.05)
+    ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    assert len(ranks) == 2, ranks
+    os.kill(int(max(ranks, key=int)), signal.SIGTERM)  # one worker only (likely rank 1: rank 0 alone writes the log)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0 and "stopped at iter" in output, output  # stopped, not finished
+    stopped = events(out, "stopped")
+    assert len(stopped) == 1 and not events(out, "done"), output
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == stopped[0]["iter"]
 
 
 def test_the_log_starts_with_the_code_machine_and_settings(data, tmp_path):
