@@ -16,6 +16,7 @@ a Duplicated Latent Residual (DLR). The math, equation by equation, is in the RE
 import importlib.util
 import math
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
@@ -342,7 +343,9 @@ def routing_logits(s, queries):
     dtype = torch.promote_types(s.dtype, torch.float32)
     norm = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=dtype)
     inv_rms = torch.rsqrt(norm.square() / s.size(-1) + ROUTING_RMS_EPS)
-    with torch.autocast(s.device.type, enabled=False):
+    # (autocast off where there is one to turn off: torch 2.4 has none for MPS, and refuses to make one)
+    no_autocast = torch.autocast(s.device.type, enabled=False) if s.device.type in ("cpu", "cuda") else nullcontext()
+    with no_autocast:
         return (s.to(dtype) @ queries.to(dtype).t()) * inv_rms
 
 

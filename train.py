@@ -96,15 +96,14 @@ config_keys = [k for k, v in globals().items() if not k.startswith("_") and isin
 config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
 # -----------------------------------------------------------------------------
 
-# init_from=resume continues a run as it was: what decides its batches and its optimizer steps comes from
-# its checkpoint, so `--init_from=resume --out_dir=DIR` alone resumes it, whatever config file it started
-# from. Set again, its length, evaluation and schedule may change (the new values take effect, and are
-# printed); its batches and the settings AdamW keeps in its own state may not (they would silently differ).
+# init_from=resume continues a run as it was: its settings come from its checkpoint, so `--init_from=resume
+# --out_dir=DIR` alone resumes it, whatever config file it started from. Set again, a setting takes effect
+# and is printed (its length, evaluation, schedule, dtype, compiling); except those that decide its batches
+# and what AdamW keeps in its own state, which would silently not (a new run from it may change them), and
+# the model's (checked with the model below). Where and how this command runs is its own.
 RESUMED_AS_TRAINED = ("dataset", "gradient_accumulation_steps", "batch_size", "block_size", "seed",
                       "weight_decay", "beta1", "beta2", "res_query_lr_mult")
-RESUMED_UNLESS_SET = ("max_iters", "eval_interval", "eval_iters", "always_save_checkpoint", "learning_rate",
-                      "grad_clip", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr",
-                      "wandb_log", "wandb_project", "wandb_run_name", "wandb_group")
+NOT_RESUMED = ("init_from", "out_dir", "eval_only", "cache_dir", "device")  # (the device is stored resolved: cuda:0)
 ckpt_path, log_path = Path(config["out_dir"]) / "ckpt.pt", Path(config["out_dir"]) / "log.jsonl"
 ckpt = None
 if config["init_from"] == "resume":
@@ -117,15 +116,15 @@ if config["init_from"] == "resume":
         die(f"{ckpt_path} cannot be resumed (it has no {', '.join(lacking)}; train.py did not write it): "
             f"start from it with --init_from={ckpt_path} and another out_dir")
     trained, changed = ckpt["config"], []
-    for k in RESUMED_AS_TRAINED + RESUMED_UNLESS_SET:
-        if k not in trained or trained[k] == config[k]:
+    for k in config:
+        if k in NOT_RESUMED or k not in trained or trained[k] == config[k]:
             continue
         if k not in explicit:
             config[k] = trained[k]
         elif k in RESUMED_AS_TRAINED:
             die(f"init_from=resume continues the run in {config['out_dir']} as it was, but {k}={config[k]!r} differs "
                 f"from its {trained[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
-        else:
+        elif k not in {f.name for f in fields(GPTConfig)} or k == "dropout":
             changed.append(f"{k} {trained[k]!r} -> {config[k]!r}")
     if changed and int(os.environ.get("RANK", 0)) == 0:
         print(f"resuming {config['out_dir']} with: {', '.join(changed)}")
@@ -157,7 +156,7 @@ if gradient_accumulation_steps % world_size:
 for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps"):
     if config[key] <= 0:
         die(f"{key}={config[key]} must be positive")
-if wandb_log and master:
+if wandb_log and master and not eval_only:
     try:
         import wandb  # optional: only a run that logs to wandb needs it
     except ImportError:
@@ -202,6 +201,13 @@ try:
 except ShardError as e:
     die(e)
 for split, shards in data.items():
+    counted = sum(len(s) for s in shards)
+    if counted != meta[f"{split}_tokens"]:  # what prepare.py wrote it for: a shard added, removed or cut since
+        die(f"the {split} shards of {data_dir} hold {counted:,} tokens, its meta.json counts {meta[f'{split}_tokens']:,}: "
+            f"shards were added or removed since it was written (an interrupted prepare?); prepare it again")
+    if ckpt is not None and ckpt.get("dataset_meta", {}).get(f"{split}_tokens", counted) != counted:
+        die(f"{data_dir} holds {counted:,} {split} tokens, {ckpt['dataset_meta'][f'{split}_tokens']:,} when the run in "
+            f"{out_dir} was trained: its batches would differ; start a new run from it with --init_from={ckpt_path}")
     # a window is block_size + 1 tokens (inputs, and targets shifted by one); shorter shards hold none
     data[split] = [s for s in shards if len(s) > block_size]
     if not data[split]:
@@ -522,8 +528,9 @@ def request_stop(signum, frame):
     stop_signal, stop_time = signal.Signals(signum), time.time()  # (no print here: it may interrupt a print)
 
 
-for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, request_stop)
+if not eval_only:  # (and the defaults again after the loop: the summary stops at a first Ctrl-C)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, request_stop)
 
 peak, peak_source = peak_flops(device, dtype, peak_tflops)
 if master:
@@ -624,12 +631,15 @@ while True:
         t_last, iters_since_log = time.time(), 0
         stopping = stop_signal is not None
         if ddp:  # stop together: a rank that missed the signal (or got it later) stops with the others
-            flag = torch.tensor(float(stopping), device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stopping = flag.item() > 0
+            received = torch.tensor(stop_signal.value if stopping else 0, device=device)
+            dist.all_reduce(received, op=dist.ReduceOp.MAX)
+            stopping = received.item() > 0
             if stopping and stop_signal is None:  # another rank's signal
-                stop_signal, stop_time = signal.SIGTERM, time.time()
+                stop_signal, stop_time = signal.Signals(received.item()), time.time()
     iter_num += 1
+
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 # -----------------------------------------------------------------------------
 elapsed = time.time() - t_start

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out-bf16-sources}
 export PYTHONUNBUFFERED=1
-rm -rf "$out"  # a rerun trains afresh (train.py never replaces a run's checkpoint)
+rm -rf "$out"/bf16_sources=True "$out"/bf16_sources=False  # a rerun trains afresh (train.py never replaces a run's checkpoint)
 pids=()
 for seed in 0 1 2; do
   for bf16 in True False; do
@@ -19,7 +19,7 @@ for seed in 0 1 2; do
   done
 done
 for pid in "${pids[@]}"; do
-  wait "$pid" || { echo "a training run failed: see $out.seed*.log" >&2; exit 1; }
+  wait "$pid" || { echo "a training run failed: see $out.seed*.log" >&2; kill "${pids[@]}" 2>/dev/null; exit 1; }
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys
