@@ -37,7 +37,9 @@ A run name is what the run changes: `standard`, `<mode>/res_blocks=N` (attnres, 
 of a sweep are named so (folders too: runs/n_layer=16/rd/res_blocks=4/seed0). Each run is
 `python train.py <config> --out_dir=<out_dir>/compare/runs/<name>/seed<k> --seed=<k> <the run's
 settings> <your --key=value>`. A run whose log.jsonl has a `done` event is not trained again, so
-rerunning the command resumes the grid (an unfinished run starts over; a finished one with other
+rerunning the command resumes the grid (an unfinished run continues from its checkpoint, exactly, or starts
+over where it has none or began at another commit; Ctrl-C stops the running ones with a checkpoint each;
+a finished one with other
 train.py arguments is an error, not a silent mix). Runs go value by value, seed by seed: the
 cheapest values first, and each value's table is complete before the next one starts.
 
@@ -69,6 +71,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,7 +82,7 @@ from pathlib import Path
 import numpy as np
 
 import configurator
-from common import REFERENCE, die, hms, routing_summary, run_name, split_point, task_scores
+from common import REFERENCE, die, git_commit, hms, routing_summary, run_name, split_point, task_scores
 from common import run_settings as common_run_settings
 from figures import comparisons, plot_max_weight, plot_routing, plot_sweep, plot_sweep_max_weight, plot_val_loss
 
@@ -601,11 +604,21 @@ def slot_env(env, slot, gpus):
     return {**env, "CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)]}
 
 
-def launch(cmd, run_dir, env):
-    """Start train.py, its output in run_dir/train.log."""
+def launch(cmd, run_dir, env, append=False):
+    """Start train.py, its output in run_dir/train.log (append: after a stopped run's own output)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "train.log", "w") as log:
+    with open(run_dir / "train.log", "a" if append else "w") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def resumable(run_dir, args, commit):
+    """Whether an unfinished run continues rather than starts over: train.py saved a checkpoint of it (a run
+    stopped by Ctrl-C saves one; a killed one has its last evaluation's), with the arguments the grid gives
+    now, and it started at this commit (a run is one code's: its log's `start` names the commit)."""
+    args_file = run_dir / "train_args.json"
+    start = next((e for e in read_log(run_dir) if e.get("event") == "start"), {})
+    return ((run_dir / "ckpt.pt").exists() and args_file.exists() and json.loads(args_file.read_text()) == args
+            and commit is not None and start.get("commit") == commit)
 
 
 def failure(cmd, run_dir, rc, log="train.log"):
@@ -790,37 +803,48 @@ def main(argv):
 
     # up to `jobs` train.py processes at once; a failure lets the others finish, then ends the grid
     queue, running, measured, errors, n_done = list(todo), {}, {}, [], 0
-    while queue or running:
-        while queue and len(running) < jobs and not errors:
-            name, seed = queue.pop(0)
-            slot = min(set(range(jobs)) - {slot for *_, slot in running.values()})
-            run_dir = runs_dir / name / f"seed{seed}"
-            if run_dir.exists():
-                shutil.rmtree(run_dir)  # an unfinished run starts over, so that its elapsed time is one process's (s/run)
-            cmd = train_command(config, run_dir, seed, name, passthrough)
-            run_dir.mkdir(parents=True)
-            (run_dir / "train_args.json").write_text(json.dumps(train_args(config, run_dir, seed, name, passthrough)) + "\n")
-            running[(name, seed)] = (launch(cmd, run_dir, slot_env(env, slot, gpus)), cmd, time.time(), slot)
-        time.sleep(0.2)
-        for (name, seed), (proc, cmd, t0, _) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            del running[(name, seed)]
-            run_dir = runs_dir / name / f"seed{seed}"
-            if proc.returncode != 0:
-                errors.append(failure(cmd, run_dir, proc.returncode))
-                continue
-            wall = time.time() - t0
-            measured.setdefault(name, []).append(wall)
-            estimate[name] = statistics.fmean(measured[name])
-            if publish:
-                publish_run(run_dir, Path(publish) / "runs" / name / f"seed{seed}")
-            n_done += 1
-            now = time.time()
-            eta = finish_time([max(estimate[n] - (now - t), 0) for (n, _), (_, _, t, _) in running.items()],
-                              [estimate[n] for n, _ in queue] if not errors else [], jobs)
-            val = finished(read_log(run_dir))["val_loss"]
-            print(f"[{n_done}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)
+    commit, _ = git_commit()
+    try:
+        while queue or running:
+            while queue and len(running) < jobs and not errors:
+                name, seed = queue.pop(0)
+                slot = min(set(range(jobs)) - {slot for *_, slot in running.values()})
+                run_dir = runs_dir / name / f"seed{seed}"
+                cmd, args = train_command(config, run_dir, seed, name, passthrough), train_args(config, run_dir, seed, name, passthrough)
+                resumed = resumable(run_dir, args, commit)
+                if resumed:  # stopped (Ctrl-C) or killed after a checkpoint: train.py continues it exactly
+                    cmd = cmd + ["--init_from=resume"]
+                else:
+                    shutil.rmtree(run_dir, ignore_errors=True)  # nothing to continue from, or other arguments: start over
+                    run_dir.mkdir(parents=True)
+                    (run_dir / "train_args.json").write_text(json.dumps(args) + "\n")
+                running[(name, seed)] = (launch(cmd, run_dir, slot_env(env, slot, gpus), append=resumed), cmd, time.time(), slot)
+            time.sleep(0.2)
+            for (name, seed), (proc, cmd, t0, _) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[(name, seed)]
+                run_dir = runs_dir / name / f"seed{seed}"
+                if proc.returncode != 0:
+                    errors.append(failure(cmd, run_dir, proc.returncode))
+                    continue
+                wall = time.time() - t0
+                measured.setdefault(name, []).append(wall)
+                estimate[name] = statistics.fmean(measured[name])
+                if publish:
+                    publish_run(run_dir, Path(publish) / "runs" / name / f"seed{seed}")
+                n_done += 1
+                now = time.time()
+                eta = finish_time([max(estimate[n] - (now - t), 0) for (n, _), (_, _, t, _) in running.items()],
+                                  [estimate[n] for n, _ in queue] if not errors else [], jobs)
+                val = finished(read_log(run_dir))["val_loss"]
+                print(f"[{n_done}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: each running train.py stops at its next log line with a checkpoint to resume
+        for proc, *_ in running.values():
+            proc.send_signal(signal.SIGINT)  # (if the terminal signalled it too, train.py takes both as one request)
+        for proc, *_ in running.values():
+            proc.wait()
+        raise
     if errors:
         raise errors[0]
     if options["eval_tasks"] and not options["report"]:
@@ -846,5 +870,6 @@ if __name__ == "__main__":
     except (ValueError, RuntimeError) as e:
         die(e)
     except KeyboardInterrupt:
-        print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
+        print("\ninterrupted: finished runs are kept, running ones stop with a checkpoint; run the same command "
+              "again to resume", file=sys.stderr)
         sys.exit(130)

@@ -251,7 +251,7 @@ eval_windows = {split: np.linspace(0, first[split][-1] - 1, eval_iters * batch_s
 
 model_keys = [f.name for f in fields(GPTConfig)]
 set_model_keys = {k: config[k] for k in model_keys if k in explicit and not (k == "vocab_size" and vocab_size == 0)}
-iter_num, best_val_loss, state = 0, float("inf"), None
+iter_num, best_val_loss, state, elapsed_before = 0, float("inf"), None, 0.0
 source_tokenizer = None  # the tokenizer the source checkpoint was trained with
 if init_from == "scratch":
     model_args = {k: config[k] for k in model_keys}
@@ -267,6 +267,7 @@ elif init_from == "resume":  # (the checkpoint is loaded above, with the run's s
     iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
     source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
     wandb_run_id = ckpt.get("wandb_run_id")  # a resumed run logs on into the same wandb run
+    elapsed_before = ckpt.get("elapsed_s", 0.0)  # the run's time up to its checkpoint, in earlier processes
 else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (README "Exact equivalences", 2)
     try:
         if init_from in GPT2_CONFIGS:
@@ -505,6 +506,7 @@ def save_run(log_bytes):
             "data_rng": data_rng.bit_generator.state,  # the data position: the next windows to draw
             "log_bytes": log_bytes,
             "wandb_run_id": wandb_run.id if wandb_run is not None else None,  # eval.py adds its scores there
+            "elapsed_s": elapsed_before + time.time() - t_start,  # a resumed run's time counts from its start
         }, ckpt_path)
         print(f"saved {ckpt_path}")
     saved_iter = iter_num
@@ -644,7 +646,8 @@ for sig in (signal.SIGINT, signal.SIGTERM):
 # -----------------------------------------------------------------------------
 elapsed = time.time() - t_start
 done_ckpt = str(ckpt_path) if saved_iter is not None else None  # this run's checkpoint (or the one it resumed)
-log_event(event="done", iter=iter_num, val_loss=val_loss, best_val_loss=best_val_loss, ckpt=done_ckpt, elapsed_s=elapsed)
+log_event(event="done", iter=iter_num, val_loss=val_loss, best_val_loss=best_val_loss, ckpt=done_ckpt,
+          elapsed_s=elapsed_before + elapsed)  # (resumed: with the time up to its checkpoint, not what was lost after)
 if master:
     trained = iter_num - start_iter
     took = f"{elapsed:.0f} s" if elapsed < 100 else f"{elapsed / 60:.1f} min"

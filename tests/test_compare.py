@@ -6,8 +6,10 @@ for every mode), resuming a grid, and a tiny end-to-end grid through train.py.
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -569,6 +571,34 @@ def test_tiny_grid_end_to_end(tmp_path, dataset, capsys, monkeypatch):
     # where they trained: this machine in full when this command trained them all, else as the logs name it
     assert results["machine"] == compare.machine(dict(os.environ), 1)
     assert results2["machine"] == f"{device_name('cpu')}, torch {torch.__version__}"
+
+
+def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, dataset, capsys, monkeypatch):
+    """Ctrl-C in compare.py mid-run: the running train.py stops with a checkpoint; the same command again
+    continues that run from it (not from scratch) and trains the rest: the val losses of a grid never
+    interrupted, bit for bit."""
+    for k, v in ONE_THREAD.items():
+        monkeypatch.setenv(k, v)
+    grid = ["--runs=delta", "--seeds=1", f"--dataset={dataset}", *TINY, "--always_save_checkpoint=True",
+            "--max_iters=400", "--lr_decay_iters=400", "--eval_interval=200", "--eval_iters=1"]
+    stopped = tmp_path / "stopped"
+    process = subprocess.Popen([sys.executable, str(ROOT / "compare.py"), f"--out_dir={stopped}", *grid],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = stopped / "compare" / "runs" / "standard" / "seed0" / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and '"iter": 20,' in log.read_text()):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130 and "running ones stop with a checkpoint" in output, output
+    assert compare.read_log(log.parent)[-1]["event"] == "stopped" and (log.parent / "ckpt.pt").exists()
+    at = compare.read_log(log.parent)[-1]["iter"]
+    resumed = compare.main([f"--out_dir={stopped}", *grid])
+    assert any(e["event"] == "resume" and e["iter"] == at for e in compare.read_log(log.parent))
+    straight = compare.main([f"--out_dir={tmp_path / 'straight'}", *grid])
+    for name in ("standard", "delta/res_blocks=0"):
+        assert resumed["runs"][name]["val_loss"] == straight["runs"][name]["val_loss"]  # bit for bit
 
 
 def test_sweep_jobs_and_published_runs_end_to_end(tmp_path, dataset, capsys, monkeypatch):
