@@ -230,11 +230,10 @@ def start_and_signal(args, out_dir, sig, after_iter, command=(sys.executable, st
     return process.returncode, out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_stops_at_a_log_line_with_a_checkpoint_that_resumes_exactly(data, tmp_path, sig):
-    """Ctrl-C (SIGINT) or a scheduler's SIGTERM mid-run: the run stops at its next log line, saves the state
-    after its last step (no work lost since the last eval), logs `stopped` (not `done`: it did not finish)
-    and exits with the shell's code for that signal. Resumed, it trains the straight run's losses."""
+def test_a_signal_stops_at_a_log_line_with_a_checkpoint_that_resumes_exactly(data, tmp_path, sig=signal.SIGTERM):
+    """A scheduler's SIGTERM (or Ctrl-C's SIGINT: test_compare.py) mid-run: the run stops at its next log line,
+    saves the state after its last step (no work lost since the last eval), logs `stopped` (not `done`: it
+    did not finish) and exits with the shell's code for that signal. Resumed, it trains the straight run's losses."""
     common = [*TINY, f"--dataset={data}", "--dropout=0.1", "--residual=rd", "--eval_interval=1000",
               "--lr_decay_iters=2000", "--log_interval=2"]
     code, out = start_and_signal([*common, f"--out_dir={tmp_path / 'stopped'}", "--max_iters=2000"],
