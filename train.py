@@ -530,8 +530,10 @@ def request_stop(signum, frame):
     stop_signal, stop_time = signal.Signals(signum), time.time()  # (no print here: it may interrupt a print)
 
 
-if not eval_only:  # (and the defaults again after the loop: the summary stops at a first Ctrl-C)
-    for sig in (signal.SIGINT, signal.SIGTERM):
+# (while training only, and not where the signal is ignored: a shell starts a background job with SIGINT ignored)
+handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+for sig, handler in handlers.items():
+    if not eval_only and handler is not signal.SIG_IGN:
         signal.signal(sig, request_stop)
 
 peak, peak_source = peak_flops(device, dtype, peak_tflops)
@@ -640,8 +642,8 @@ while True:
                 stop_signal, stop_time = signal.Signals(received.item()), time.time()
     iter_num += 1
 
-for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+for sig, handler in handlers.items():  # the summary stops at a first Ctrl-C
+    signal.signal(sig, handler)
 
 # -----------------------------------------------------------------------------
 elapsed = time.time() - t_start

@@ -1,10 +1,17 @@
 """Small helpers shared by the test files."""
 
 import json
+import signal
 
 import torch
 
 from model import GPTConfig
+
+
+def takes_ctrl_c():
+    """preexec_fn for a child the test sends SIGINT: the test run itself may be a shell's background job, which
+    starts with SIGINT ignored, and a child inherits that (Python then raises no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def tiny_config(**overrides):

@@ -18,7 +18,7 @@ import torch
 
 import compare
 from common import device_name
-from helpers import randomise_queries, tiny_config
+from helpers import randomise_queries, takes_ctrl_c, tiny_config
 from model import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -584,7 +584,7 @@ def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, 
     stopped = tmp_path / "stopped"
     process = subprocess.Popen([sys.executable, str(ROOT / "compare.py"), f"--out_dir={stopped}", *grid],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=takes_ctrl_c)
     log = stopped / "compare" / "runs" / "standard" / "seed0" / "log.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (log.exists() and '"iter": 20,' in log.read_text()):

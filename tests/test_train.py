@@ -21,6 +21,7 @@ import torch
 
 import configurator
 from checkpoint import load_checkpoint, save_checkpoint
+from helpers import takes_ctrl_c
 from model import GPT, GPTConfig
 from shards import write_meta, write_shard
 
@@ -217,7 +218,7 @@ def start_and_signal(args, out_dir, sig, after_iter, command=(sys.executable, st
     """Start train.py, send it sig once its log shows iteration after_iter, wait for it to end: (its
     return code, stdout)."""
     process = subprocess.Popen([*command, *map(str, args)], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, preexec_fn=takes_ctrl_c)
     log, deadline = Path(out_dir) / "log.jsonl", time.time() + 120
     while time.time() < deadline and process.poll() is None:
         if log.exists() and any(e["event"] == "train" and e["iter"] >= after_iter
@@ -257,7 +258,7 @@ def test_a_second_signal_later_stops_at_once(data, tmp_path):
     args = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=1000000", "--lr_decay_iters=1000000",
             "--log_interval=1000000", "--eval_interval=1000000"]
     process = subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, preexec_fn=takes_ctrl_c)
     log, deadline = tmp_path / "log.jsonl", time.time() + 120
     while time.time() < deadline and not (log.exists() and '"event": "train"' in log.read_text()):
         time.sleep(0.05)  # iteration 0's log line: the next is 10^6 iterations away
@@ -268,6 +269,20 @@ def test_a_second_signal_later_stops_at_once(data, tmp_path):
     output, _ = process.communicate(timeout=60)
     assert process.returncode != 0 and "KeyboardInterrupt" in output
     assert not events(tmp_path, "stopped") and not (tmp_path / "ckpt.pt").exists()
+
+
+def test_an_ignored_ctrl_c_stays_ignored(data, tmp_path):
+    """A run started with SIGINT ignored (a shell's background job, `train.py &` in a script) is not stopped by it."""
+    ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
+    process = subprocess.Popen([sys.executable, str(TRAIN), *TINY, f"--dataset={data}", f"--out_dir={tmp_path}",
+                                "--max_iters=300", "--lr_decay_iters=300", "--eval_interval=300"], cwd=tmp_path, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
+    log, deadline = tmp_path / "log.jsonl", time.time() + 120
+    while time.time() < deadline and process.poll() is None and not (log.exists() and '"iter": 20,' in log.read_text()):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0 and len(events(tmp_path, "done")) == 1 and not events(tmp_path, "stopped"), output
 
 
 def test_a_signal_stops_every_torchrun_rank_together(data, tmp_path):
