@@ -643,7 +643,7 @@ while True:
     iter_num += 1
 
 for sig, handler in handlers.items():  # the summary stops at a first Ctrl-C
-    signal.signal(sig, handler)
+    signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # (None: one installed outside Python)
 
 # -----------------------------------------------------------------------------
 elapsed = time.time() - t_start
