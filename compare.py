@@ -38,7 +38,8 @@ of a sweep are named so (folders too: runs/n_layer=16/rd/res_blocks=4/seed0). Ea
 `python train.py <config> --out_dir=<out_dir>/compare/runs/<name>/seed<k> --seed=<k> <the run's
 settings> <your --key=value>`. A run whose log.jsonl has a `done` event is not trained again, so
 rerunning the command resumes the grid (an unfinished run continues from its checkpoint, exactly, or starts
-over where it has none or began at another commit; Ctrl-C stops the running ones with a checkpoint each;
+over where it has none or began with other code: the repository's .py files and the config file; Ctrl-C
+stops the running ones with a checkpoint each, with always_save_checkpoint=True, train.py's default;
 a finished one with other
 train.py arguments is an error, not a silent mix). Runs go value by value, seed by seed: the
 cheapest values first, and each value's table is complete before the next one starts.
@@ -64,6 +65,7 @@ torch threads, runs at a time). Finished runs kept from earlier commands may hav
 results.md then says which run trained where.
 """
 
+import hashlib
 import heapq
 import importlib.util
 import json
@@ -82,7 +84,7 @@ from pathlib import Path
 import numpy as np
 
 import configurator
-from common import REFERENCE, die, git_commit, hms, routing_summary, run_name, split_point, task_scores
+from common import REFERENCE, die, hms, routing_summary, run_name, split_point, task_scores
 from common import run_settings as common_run_settings
 from figures import comparisons, plot_max_weight, plot_routing, plot_sweep, plot_sweep_max_weight, plot_val_loss
 
@@ -611,20 +613,32 @@ def launch(cmd, run_dir, env, append=False):
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def resumable(run_dir, args, commit):
+def code_digest(config):
+    """sha256 of what a run trains with besides its arguments: the repository's Python files (committed or
+    not) and its config file. A run is one code's: it continues only under the digest it started with."""
+    digest = hashlib.sha256()
+    for path in sorted(TRAIN.parent.glob("*.py")) + ([Path(config)] if config else []):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def resumable(run_dir, args, code):
     """Whether an unfinished run continues rather than starts over: train.py saved a checkpoint of it (a run
-    stopped by Ctrl-C saves one; a killed one has its last evaluation's), with the arguments the grid gives
-    now, and it started at this commit (a run is one code's: its log's `start` names the commit)."""
-    args_file = run_dir / "train_args.json"
-    start = next((e for e in read_log(run_dir) if e.get("event") == "start"), {})
-    return ((run_dir / "ckpt.pt").exists() and args_file.exists() and json.loads(args_file.read_text()) == args
-            and commit is not None and start.get("commit") == commit)
+    stopped by Ctrl-C saves one; a killed one has its last evaluation's), and it started with the arguments
+    and the code (code_digest) the grid gives now."""
+    try:
+        return ((run_dir / "ckpt.pt").exists() and json.loads((run_dir / "train_args.json").read_text()) == args
+                and (run_dir / "code.sha256").read_text().strip() == code)
+    except (OSError, ValueError):  # a file missing, or cut short by a crash: start over
+        return False
 
 
 def failure(cmd, run_dir, rc, log="train.log"):
     tail = (run_dir / log).read_text().splitlines()[-15:]
+    resumed = ("\nit continued the run from its checkpoint: delete the folder to train it from the start"
+               if "--init_from=resume" in cmd else "")
     return RuntimeError(f"{Path(cmd[1]).name} failed (exit code {rc}); the end of {run_dir / log}:\n  " + "\n  ".join(tail)
-                        + f"\ncommand: {' '.join(cmd)}")
+                        + f"\ncommand: {' '.join(cmd)}" + resumed)
 
 
 def train(cmd, run_dir, env=None):
@@ -803,21 +817,22 @@ def main(argv):
 
     # up to `jobs` train.py processes at once; a failure lets the others finish, then ends the grid
     queue, running, measured, errors, n_done = list(todo), {}, {}, [], 0
-    commit, _ = git_commit()
+    code = code_digest(config)
     try:
-        while queue or running:
+        while running or (queue and not errors):  # after a failure: let the running finish, start nothing
             while queue and len(running) < jobs and not errors:
                 name, seed = queue.pop(0)
                 slot = min(set(range(jobs)) - {slot for *_, slot in running.values()})
                 run_dir = runs_dir / name / f"seed{seed}"
                 cmd, args = train_command(config, run_dir, seed, name, passthrough), train_args(config, run_dir, seed, name, passthrough)
-                resumed = resumable(run_dir, args, commit)
+                resumed = resumable(run_dir, args, code)
                 if resumed:  # stopped (Ctrl-C) or killed after a checkpoint: train.py continues it exactly
                     cmd = cmd + ["--init_from=resume"]
                 else:
                     shutil.rmtree(run_dir, ignore_errors=True)  # nothing to continue from, or other arguments: start over
                     run_dir.mkdir(parents=True)
                     (run_dir / "train_args.json").write_text(json.dumps(args) + "\n")
+                    (run_dir / "code.sha256").write_text(code + "\n")
                 running[(name, seed)] = (launch(cmd, run_dir, slot_env(env, slot, gpus), append=resumed), cmd, time.time(), slot)
             time.sleep(0.2)
             for (name, seed), (proc, cmd, t0, _) in list(running.items()):
@@ -829,6 +844,8 @@ def main(argv):
                     errors.append(failure(cmd, run_dir, proc.returncode))
                     continue
                 wall = time.time() - t0
+                if "--init_from=resume" in cmd:  # this process's time is part of the run's: its log has the whole
+                    wall = finished(read_log(run_dir))["elapsed_s"]
                 measured.setdefault(name, []).append(wall)
                 estimate[name] = statistics.fmean(measured[name])
                 if publish:
@@ -839,9 +856,10 @@ def main(argv):
                                   [estimate[n] for n, _ in queue] if not errors else [], jobs)
                 val = finished(read_log(run_dir))["val_loss"]
                 print(f"[{n_done}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)
-    except KeyboardInterrupt:  # Ctrl-C: each running train.py stops at its next log line with a checkpoint to resume
+    except BaseException:  # Ctrl-C (or an error here): each running train.py stops at its next log line with a checkpoint
         for proc, *_ in running.values():
-            proc.send_signal(signal.SIGINT)  # (if the terminal signalled it too, train.py takes both as one request)
+            if os.name != "nt":  # (on Windows the console sends Ctrl-C to every process itself)
+                proc.send_signal(signal.SIGINT)  # (if the terminal signalled it too, train.py takes both as one request)
         for proc, *_ in running.values():
             proc.wait()
         raise

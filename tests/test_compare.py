@@ -580,7 +580,7 @@ def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, 
     for k, v in ONE_THREAD.items():
         monkeypatch.setenv(k, v)
     grid = ["--runs=delta", "--seeds=1", f"--dataset={dataset}", *TINY, "--always_save_checkpoint=True",
-            "--max_iters=400", "--lr_decay_iters=400", "--eval_interval=200", "--eval_iters=1"]
+            "--max_iters=1000", "--lr_decay_iters=1000", "--eval_interval=500", "--eval_iters=1"]
     stopped = tmp_path / "stopped"
     process = subprocess.Popen([sys.executable, str(ROOT / "compare.py"), f"--out_dir={stopped}", *grid],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -600,6 +600,36 @@ def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, 
     assert [e["event"] for e in events].count("start") == 1 and [e["iter"] for e in events if e["event"] == "resume"] == [at]
     assert [line for line in log.read_text().splitlines() if '"event": "train"' in line][:at] == before[:at]
     assert all(sorted(results["runs"][name]["val_loss"]) == [0] for name in ("standard", "delta/res_blocks=0"))
+
+
+def test_a_run_continues_only_with_its_checkpoint_arguments_and_code(tmp_path):
+    """What makes an unfinished run continue rather than start over: a checkpoint, the same train.py
+    arguments and the same code (the repository's .py files and the config file, committed or not)."""
+    config = tmp_path / "config.py"
+    config.write_text("n_layer = 2\n")
+    run_dir, args, code = tmp_path / "run", ["--seed=0", "--residual=rd"], compare.code_digest(config)
+    run_dir.mkdir()
+    (run_dir / "train_args.json").write_text(json.dumps(args))
+    (run_dir / "code.sha256").write_text(code + "\n")
+    assert not compare.resumable(run_dir, args, code)  # no checkpoint yet
+    (run_dir / "ckpt.pt").write_bytes(b"")
+    assert compare.resumable(run_dir, args, code)
+    assert not compare.resumable(run_dir, ["--seed=1", "--residual=rd"], code)
+    config.write_text("n_layer = 3\n")
+    assert compare.code_digest(config) != code and not compare.resumable(run_dir, args, compare.code_digest(config))
+    (run_dir / "train_args.json").write_text('["--seed=0", "--resi')  # cut short by a crash
+    assert not compare.resumable(run_dir, args, code)
+
+
+def test_a_failed_run_ends_the_grid(tmp_path, dataset):
+    """A run that fails (a loss that diverges) ends the grid with its error once the running ones finish, and
+    the queued ones never start (with --jobs=1 the grid used to wait for them forever)."""
+    result = subprocess.run([sys.executable, str(ROOT / "compare.py"), f"--out_dir={tmp_path}", "--runs=delta", "--seeds=1",
+                             f"--dataset={dataset}", *TINY, "--max_iters=60", "--eval_interval=60", "--eval_iters=1",
+                             "--learning_rate=30", "--grad_clip=0"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, **ONE_THREAD})
+    assert result.returncode == 1 and "error: train.py failed" in result.stderr and "the loss is" in result.stderr
+    assert not (tmp_path / "compare" / "runs" / "delta").exists()
 
 
 def test_sweep_jobs_and_published_runs_end_to_end(tmp_path, dataset, capsys, monkeypatch):
