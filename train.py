@@ -104,6 +104,7 @@ config, explicit = configurator.configure({k: globals()[k] for k in config_keys}
 RESUMED_AS_TRAINED = ("dataset", "gradient_accumulation_steps", "batch_size", "block_size", "seed",
                       "weight_decay", "beta1", "beta2", "res_query_lr_mult")
 NOT_RESUMED = ("init_from", "out_dir", "eval_only", "cache_dir", "device")  # (the device is stored resolved: cuda:0)
+model_keys = [f.name for f in fields(GPTConfig)]
 ckpt_path, log_path = Path(config["out_dir"]) / "ckpt.pt", Path(config["out_dir"]) / "log.jsonl"
 ckpt = None
 if config["init_from"] == "resume":
@@ -124,7 +125,7 @@ if config["init_from"] == "resume":
         elif k in RESUMED_AS_TRAINED:
             die(f"init_from=resume continues the run in {config['out_dir']} as it was, but {k}={config[k]!r} differs "
                 f"from its {trained[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
-        elif k not in {f.name for f in fields(GPTConfig)} or k == "dropout":
+        elif k not in model_keys or k == "dropout":
             changed.append(f"{k} {trained[k]!r} -> {config[k]!r}")
     if changed and int(os.environ.get("RANK", 0)) == 0:
         print(f"resuming {config['out_dir']} with: {', '.join(changed)}")
@@ -249,7 +250,6 @@ eval_windows = {split: np.linspace(0, first[split][-1] - 1, eval_iters * batch_s
 # -----------------------------------------------------------------------------
 # model: from scratch, resumed, or converted from a checkpoint or GPT-2 into the configured mode
 
-model_keys = [f.name for f in fields(GPTConfig)]
 set_model_keys = {k: config[k] for k in model_keys if k in explicit and not (k == "vocab_size" and vocab_size == 0)}
 iter_num, best_val_loss, state, elapsed_before = 0, float("inf"), None, 0.0
 source_tokenizer = None  # the tokenizer the source checkpoint was trained with
@@ -481,6 +481,11 @@ log_event(event="start" if init_from != "resume" else "resume", iter=iter_num, *
 # -----------------------------------------------------------------------------
 # training loop
 
+def log_size():
+    """Bytes in log.jsonl now (rank 0; 0 elsewhere): what a checkpoint saved now goes with."""
+    return log_path.stat().st_size if master and log_path.exists() else 0
+
+
 def save_run(log_bytes):
     """Everything a resume needs into ckpt_path, atomically (rank 0 writes it; every rank gives its RNG state).
     log_bytes: the size of log.jsonl the checkpoint goes with (a resume cuts the log back to it)."""
@@ -551,7 +556,7 @@ while True:
         if unread:  # nothing is evaluated or saved after a lost iteration
             check_loss(*unread)
             unread = None
-        log_bytes = log_path.stat().st_size if master and log_path.exists() else 0  # the log as of this checkpoint
+        log_bytes = log_size()  # the log as of this checkpoint
         losses = estimate_loss()
         val_loss = losses["val"]
         first_val = val_loss if first_val is None else first_val
@@ -576,7 +581,7 @@ while True:
         break
     if stopping:  # a signal, seen by every rank at the last log line: save (no evaluation: a resume makes it) and stop
         if always_save_checkpoint and iter_num > start_iter and saved_iter != iter_num:
-            save_run(log_path.stat().st_size if master and log_path.exists() else 0)
+            save_run(log_size())
         kept = f"{ckpt_path} at iter {saved_iter}" if saved_iter is not None else "no checkpoint"
         log_event(event="stopped", iter=iter_num, signal=stop_signal.name, ckpt=str(ckpt_path) if saved_iter is not None else None)
         if master:
