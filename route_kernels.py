@@ -80,13 +80,18 @@ FASTER_BY = 0.03
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
 
 
+MIN_CAPABILITY = (7, 0)  # Triton compiles for Volta and newer; a P100 (6.0), say, takes the plain route
+
+
 def available(device):
-    """Whether fused_route can run on `device`: Triton on a CUDA GPU, or Triton's interpreter on the CPU
-    (TRITON_INTERPRET=1, set before triton is imported)."""
+    """Whether fused_route can run on `device`: Triton on a CUDA GPU it compiles for, or Triton's interpreter
+    on the CPU (TRITON_INTERPRET=1, set before triton is imported)."""
     device = torch.device(device)
     if not HAVE_TRITON:
         return False
-    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def why_unavailable(device):
@@ -95,8 +100,13 @@ def why_unavailable(device):
         return "Triton is not installed (pip install triton; CUDA builds of torch bring it)"
     if not HAVE_TRITON:
         return f"Triton {triton.__version__} is older than 3.3, which the kernels need (pip install -U triton)"
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return (f"{torch.cuda.get_device_name(device)} has compute capability {major}.{minor}, and Triton compiles "
+                f"for {'.'.join(map(str, MIN_CAPABILITY))} and newer: use the plain route (fused_route=False)")
     return (f"Triton runs on CUDA GPUs, and on the CPU only in its interpreter (TRITON_INTERPRET=1 before triton "
-            f"is imported); on {torch.device(device)} use the plain route (fused_route=False)")
+            f"is imported); on {device} use the plain route (fused_route=False)")
 
 
 def bucket(m):
@@ -250,9 +260,11 @@ def _route_bwd_kernel(
                 ds += ds2
                 dw2 += dw2_i
             tl.store(grads[i] + offs, ds.to(grads[i].dtype.element_ty), mask=mask)
-    tl.store(dw_ptr + pid * D + cols, dw, mask=col_ok)
+    # int64 as the sources' offsets: partials are [NQ, programs, D], and a pair at one token a program passes
+    # 2^31 elements where 2 N D does (N = 524k tokens at d = 2048)
+    tl.store(dw_ptr + pid.to(tl.int64) * D + cols, dw, mask=col_ok)
     if PAIRED:
-        tl.store(dw_ptr + (tl.num_programs(0) + pid) * D + cols, dw2, mask=col_ok)
+        tl.store(dw_ptr + (tl.num_programs(0) + pid).to(tl.int64) * D + cols, dw2, mask=col_ok)
 
 
 # -----------------------------------------------------------------------------
@@ -288,9 +300,21 @@ def _on(device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _rows(tensors):
+    """Each tensor as the kernels index it, row-major ([N, d], row stride d). fused_route passes contiguous
+    tensors, so this copies nothing there; but the ops also run on what a compiler hands them (torch before 2.8
+    let Inductor choose a custom op's input strides), and outputs made like a permuted input would be permuted."""
+    return [t.contiguous() for t in tensors]
+
+
+def _empty_rows(tensor):
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
 def _forward(queries, sources):
+    queries, sources = queries.contiguous(), _rows(sources)
     s0 = sources[0]
-    mixes = [torch.empty_like(s0) for _ in queries]
+    mixes = [_empty_rows(s0) for _ in queries]
     lse = torch.empty(len(queries), *s0.shape[:-1], device=s0.device, dtype=torch.float32)
     grid, n, constants = _launch(sources, len(queries))
     if n > 0:
@@ -300,7 +324,8 @@ def _forward(queries, sources):
 
 
 def _backward(grads_out, mixes, lse, queries, sources):
-    grads = [torch.empty_like(s) for s in sources]
+    queries, lse, mixes, sources, g = queries.contiguous(), lse.contiguous(), _rows(mixes), _rows(sources), _rows(grads_out)
+    grads = [_empty_rows(s) for s in sources]
     grid, n, constants = _launch(sources, len(queries))
     if n == 0:
         return torch.zeros_like(queries), grads
@@ -309,7 +334,6 @@ def _backward(grads_out, mixes, lse, queries, sources):
     # looped over several tiles (fewer partials) compiled to 200+ registers at 25 sources: the compiler
     # keeps all 64 source and gradient pointers live across the loop.
     dw = torch.empty(len(queries), grid[0], queries.size(-1), device=queries.device, dtype=torch.float32)
-    g = [grad.contiguous() for grad in grads_out]
     with _on(queries.device):
         _route_bwd_kernel[grid](g[0], mixes[0], g[-1], mixes[-1], lse, queries, _padded(sources), _padded(grads), dw,
                                 len(sources), n, **constants)
@@ -331,7 +355,7 @@ def _route_op(queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[l
 @_route_op.register_fake
 def _(queries, sources):
     s0 = sources[0]
-    return [torch.empty_like(s0) for _ in queries], s0.new_empty(len(queries), *s0.shape[:-1], dtype=torch.float32)
+    return [_empty_rows(s0) for _ in queries], s0.new_empty(len(queries), *s0.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("nanoattnres::route_backward", mutates_args=())
@@ -343,7 +367,7 @@ def _route_backward_op(grads: Sequence[torch.Tensor], mixes: Sequence[torch.Tens
 
 @_route_backward_op.register_fake
 def _(grads, mixes, lse, queries, sources):
-    return torch.empty_like(queries), [torch.empty_like(s) for s in sources]
+    return torch.empty_like(queries, memory_format=torch.contiguous_format), [_empty_rows(s) for s in sources]
 
 
 def _setup_context(ctx, inputs, output):
@@ -645,7 +669,9 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
       programs fit on a multiprocessor at once, so how many loads are in flight;
     - barriers: block-wide synchronisations (BAR.SYNC) in the machine code (a sum over features that
       spans several warps goes through shared memory between two of them; a one-warp program needs none);
-    - the widths of the global loads and stores in bits, from the PTX (128: full 16-byte vectors).
+    - the widths of the global loads and stores in bits, from the PTX (128: full 16-byte vectors);
+    - int32_row_offsets: products by d computed in int32, from Triton's IR, where a row's offset x * d
+      wraps past 2^31 elements: at N d >= 2^31 (2.8M tokens at d = 768) a wrong address, on a GPU only.
     sass_dir: also write the machine code there, one file per variant, to read where loads and barriers fall."""
     import re
     if not isinstance(_route_fwd_kernel, triton.runtime.jit.JITFunction):
@@ -679,7 +705,8 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
                        re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", compiled.asm["ptx"])})
     return dict(**variant, block_t=constants["BLOCK_T"], registers=count("REG"),
                 spilled_bytes=count("LOCAL"), barriers=sass.count("BAR.SYNC"), load_bits=widths("ld"),
-                store_bits=widths("st"), compile_s=round(seconds, 2))
+                store_bits=widths("st"), compile_s=round(seconds, 2),
+                int32_row_offsets=len(re.findall(rf"arith\.muli [^\n]*%c{d}_i32\b", compiled.asm["ttir"])))
 
 
 def _bits(widths):

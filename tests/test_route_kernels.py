@@ -180,12 +180,44 @@ def test_compiled_route_is_one_node_each_way(paired):
 
 
 def test_route_op_registrations_agree():
-    """torch.library.opcheck: the op's schema, fake (shape) function and autograd registration are consistent."""
+    """torch.library.opcheck: each op's schema, fake (shape) function and autograd registration are consistent."""
     query, sources, _ = make_route(3, 2, 5, 24, seed=3)
     query2 = make_route(3, 2, 5, 24, seed=4)[0]
     sources = [s.requires_grad_() for s in sources]
     for queries in (query[None], torch.stack([query, query2])):  # one route, and a pair
         torch.library.opcheck(torch.ops.nanoattnres.route.default, (queries.requires_grad_(), sources))
+        with torch.no_grad():  # the backward op has no backward of its own (no double backward)
+            mixes, lse = torch.ops.nanoattnres.route(queries, sources)
+        grads = [torch.randn_like(mix) for mix in mixes]
+        torch.library.opcheck(torch.ops.nanoattnres.route_backward.default,
+                              (grads, mixes, lse, queries.detach(), [s.detach() for s in sources]))
+
+
+def strided_like(x, how):
+    """x's values in a non-row-major layout: its batch and token dimensions swapped in memory, or a slice of
+    wider rows (row stride > d)."""
+    if how == "swapped":
+        return x.transpose(0, 1).contiguous().transpose(0, 1)
+    return torch.cat([x, torch.full_like(x, float("nan"))], dim=-1)[..., :x.size(-1)]
+
+
+def test_route_ops_read_any_layout_they_are_given():
+    """fused_route hands the ops row-major tensors, but a compiler may give them other strides (torch before
+    2.8 let Inductor choose a custom op's input layout): the ops then compute what they compute on
+    row-major copies, bit for bit, forward and backward, for sources of mixed layouts and a strided output
+    gradient, and return row-major tensors as their fake functions say."""
+    query, sources, grad = make_route(3, 2, 13, 24, seed=5)
+    queries = query[None]
+    layouts = [strided_like(sources[0], "swapped"), sources[1], strided_like(sources[2], "sliced")]
+    results = []
+    for srcs, g in ((sources, grad), (layouts, strided_like(grad, "sliced"))):
+        w = queries.detach().requires_grad_()
+        srcs = [x.detach().requires_grad_() for x in srcs]
+        (mix,), lse = torch.ops.nanoattnres.route(w, srcs)
+        results.append([mix, lse, *torch.autograd.grad(mix, [w, *srcs], g)])
+    assert not layouts[0].is_contiguous() and not layouts[2].is_contiguous()
+    for got, want in zip(*results):
+        assert torch.equal(got, want) and got.is_contiguous()
 
 
 def test_rejects_mismatched_sources():
@@ -201,6 +233,19 @@ def test_available_where_triton_runs():
     """available() is True on a GPU, and on the CPU under the interpreter; False on a device Triton cannot run."""
     assert kernels.available(DEVICE)
     assert not kernels.available("meta")
+
+
+def test_a_gpu_triton_does_not_compile_for_takes_the_plain_route(monkeypatch):
+    """A CUDA GPU older than Volta (a P100: compute capability 6.0) is not available, and says why; Volta
+    and newer are. (The capability is the only thing asked of the GPU: faked here, on any machine.)"""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100")
+    capability = (6, 0)
+    assert not kernels.available("cuda")
+    assert kernels.why_unavailable("cuda") == ("Tesla P100 has compute capability 6.0, and Triton compiles for 7.0 "
+                                               "and newer: use the plain route (fused_route=False)")
+    for capability in ((7, 0), (9, 0)):
+        assert kernels.available("cuda:1")
 
 
 # -----------------------------------------------------------------------------
@@ -346,14 +391,15 @@ def test_fused_route_where_it_cannot_run_is_a_clear_error(monkeypatch):
 
 
 def test_auto_falls_back_to_the_plain_route_with_a_warning(monkeypatch):
-    """fused_route='auto' on a GPU whose Triton cannot run the kernels (too old, broken) takes the plain
+    """fused_route='auto' on a GPU Triton cannot compile for (older than Volta; faked here) takes the plain
     route and says why once, rather than failing in the first forward; on a CPU it never asks."""
     import model as model_module
     monkeypatch.setattr(model_module, "TRITON_INSTALLED", True)
-    monkeypatch.setattr(kernels, "available", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100")
     model = routed_model(residual="attnres")
     assert model.fused_route == "auto" and model.route_implementation(torch.device("cpu")) == (None, None)
-    with pytest.warns(UserWarning, match="plain route on cuda"):
+    with pytest.warns(UserWarning, match="plain route on cuda: Tesla P100 has compute capability 6.0"):
         assert model.route_implementation(torch.device("cuda")) == (None, None)
 
 
@@ -582,7 +628,8 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     constexpr branch may hold): every variant a model launches (forward and backward, one route and a
     pair, float32 and bfloat16 sources) compiles for sm_90 (H100, H200) with Triton's own compiler and
     the ptxas it ships, on this CPU, with and without prefetching, fits in registers (nothing spilled to local memory) and reads and
-    writes [N, d] tiles in 16-byte vectors, which the bandwidth a route reaches depends on. m = 5:
+    writes [N, d] tiles in 16-byte vectors, which the bandwidth a route reaches depends on, and computes
+    every row offset in int64 (a test at 2^31 elements would need millions of programs). m = 5:
     bucket 8, three padded slots; d = 40: masked feature columns."""
     import triton
     if not (Path(triton.__file__).parent / "backends" / "nvidia").is_dir():
@@ -600,6 +647,7 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
         for routes in (1, 2) for dtype in ("bfloat16", "float32"))
     for k in kernels_compiled:
         assert 0 < k["registers"] <= 255 and k["spilled_bytes"] == 0, k
+        assert k["int32_row_offsets"] == 0, k  # every offset row * d in int64: the interpreter never reaches 2^31
         # sources, mixes and gradients move in 16-byte vectors (d = 40: rows of 80 or 160 bytes); only the
         # per-token float32 scalars (log-sum-exp, dL/dw partials) are narrower
         assert set(k["load_bits"]) <= {32, 64, 128} and set(k["store_bits"]) <= {32, 64, 128}, k
