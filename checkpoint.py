@@ -15,6 +15,7 @@ eval.py take either, with its tokenizer, from load_for_inference.
 
 import os
 import pickle
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -52,6 +53,9 @@ def load_checkpoint(path, map_location="cpu"):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py --out_dir={path.parent})")
+    damaged = _damaged_record(path)
+    if damaged:
+        raise ValueError(f"checkpoint {path} is damaged ({damaged}), so it was not loaded: restore it from a copy or retrain")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:  # the safe unpickler met a class or function: refused before it ran
@@ -62,6 +66,21 @@ def load_checkpoint(path, map_location="cpu"):
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise ValueError(f"{path} is not a checkpoint of this project (no 'model' and 'model_args' keys)")
     return ckpt
+
+
+def _damaged_record(path):
+    """Which record of the checkpoint no longer holds the bytes torch.save wrote, or None. torch.save writes a
+    zip archive with a CRC-32 per record (the pickle, each tensor's bytes), but torch.load does not check
+    them: a bit flipped on a disk or in a copy would load as a wrong weight. Checking is one read of the file
+    at several GB/s, a fraction of the load itself."""
+    if not zipfile.is_zipfile(path):
+        return None  # the legacy (pre-zip) format, or no archive at all: torch.load says what it is
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every record, compares its CRC-32
+    except (zipfile.BadZipFile, EOFError) as e:  # a record's header itself is broken
+        return f"{type(e).__name__}: {e}"
+    return f"record {bad} does not match its checksum" if bad else None
 
 
 def _unsafe_globals(path):

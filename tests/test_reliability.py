@@ -1,14 +1,16 @@
 """
 What cannot hurt a user (README, "Reliability"): a checkpoint is loaded as plain data, so opening
-one never runs code, by any entry point; every file is written atomically and durably (fsynced
+one never runs code, by any entry point, and a damaged one is refused; every file is written atomically and durably (fsynced
 before its rename, its folder after), and a failed write leaves no temporary file; a meta.json
 train.py cannot use is a one-line error. Verified downloads (the published sha256) are tested
 with the other downloads, in test_prepare.py.
 """
 
 import os
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +84,37 @@ def test_train_refuses_an_incomplete_meta_json_in_one_line(tmp_path, meta):
     problem = "lacks train_tokens, val_tokens" if meta else "is not a JSON object ({...})"
     assert result.stderr.startswith(f"error: {data / 'meta.json'} {problem}: delete it and prepare it with "
                                     f"`python prepare.py DATASET --out {data}`") and result.stderr.count("\n") == 1
+
+
+def record_offset(path, suffix):
+    """Where the bytes of the checkpoint's zip record whose name ends with suffix start in the file."""
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(suffix))
+    header = path.read_bytes()[info.header_offset:info.header_offset + 30]
+    name_len, extra_len = struct.unpack("<HH", header[26:30])  # the local header's own lengths
+    return info.header_offset + 30 + name_len + extra_len
+
+
+@pytest.mark.parametrize("damage", ["a weight's byte", "a byte of the pickle", "truncated"])
+def test_a_damaged_checkpoint_is_refused_not_loaded_with_wrong_weights(tmp_path, damage):
+    """torch.load does not check the CRC-32 that torch.save writes per record: one flipped bit inside a
+    tensor loads as a wrong weight, silently. load_checkpoint checks every record first."""
+    path = tmp_path / "ckpt.pt"
+    weight = torch.arange(1000, dtype=torch.float32)
+    save_checkpoint(dict(model={"w": weight}, model_args={}), path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        data[record_offset(path, "data/0" if damage == "a weight's byte" else "data.pkl") + 7] ^= 0x10
+    path.write_bytes(bytes(data))
+    if damage == "a weight's byte":  # what an unchecked load gives: no error, another weight
+        assert not torch.equal(torch.load(path, weights_only=True)["model"]["w"], weight)
+    with pytest.raises(ValueError, match=rf"checkpoint {path}.* damaged") as e:
+        load_checkpoint(path)
+    assert "\n" not in str(e.value)
+    if damage != "truncated":
+        assert "does not match its checksum" in str(e.value)
 
 
 def syncs(monkeypatch):
