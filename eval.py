@@ -14,7 +14,8 @@ as the harness's own Hugging Face model does:
     loglikelihood          log p(continuation | context) and whether greedy decoding gives the continuation;
                            a context longer than block_size loses its beginning
     loglikelihood_rolling  log p(text), over consecutive windows of block_size tokens
-    generate_until         greedy decoding with the key-value cache, cut at the task's stop sequences
+    generate_until         greedy decoding (sampling where the task asks) with the key-value cache, cut at the
+                           task's stop sequences
 
 It prints the harness's table and writes the harness's results, with the checkpoint, settings and
 commit, next to the checkpoint: out/ckpt.pt -> out/ckpt.eval.json (GPT-2: OUT_DIR/gpt2.eval.json),
@@ -40,6 +41,7 @@ try:
     import lm_eval
     from lm_eval.api.model import TemplateLM
     from lm_eval.evaluator import simple_evaluate
+    from lm_eval.models.utils import normalize_gen_kwargs
     from lm_eval.utils import handle_non_serializable, make_table
     from tqdm import tqdm  # the harness's own progress bars
 except ImportError:
@@ -90,6 +92,8 @@ def score_windows(context, continuation, block_size):
     context loses its beginning. For a text after one prefix token these are the harness's rolling
     windows (lm_eval.utils.get_rolling_token_windows with context_len=1, made disjoint), so perplexities
     compare with the harness's Hugging Face models'."""
+    if not context:
+        raise ValueError("score_windows needs a context of at least one token (an empty one reads the prefix token)")
     tokens = context + continuation
     windows = []
     for start in range(len(context), len(tokens), block_size):
@@ -121,7 +125,10 @@ class HarnessLM(TemplateLM):
         return self.tok.encode(string)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False):
-        return self.score([(context, continuation) for _, context, continuation in requests], disable_tqdm)
+        # a context of spaces alone reaches here empty (the harness moves a context's trailing spaces into the
+        # continuation): it reads the prefix token, as an empty context does
+        return self.score([(context or [self.prefix_token_id], continuation) for _, context, continuation in requests],
+                          disable_tqdm)
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
         texts = [self.tok_encode(request.args[0]) for request in requests]
@@ -171,19 +178,21 @@ class HarnessLM(TemplateLM):
 
     @torch.no_grad()
     def generate(self, context, gen_kwargs):
-        """The greedy continuation of context, up to the first of the task's stop sequences (or the end of
-        text token), at most max_gen_toks tokens (256 unless the task says)."""
-        until = gen_kwargs.get("until") or []
-        until = [s for s in ([until] if isinstance(until, str) else until) if s]
-        max_new = gen_kwargs.get("max_gen_toks", 256)
-        ids = self.tok_encode(context) or [self.prefix_token_id]
-        # keep the context's last block_size - max_new tokens, as the harness's Hugging Face model does: the
-        # new tokens fit in the window, so each costs one one-token forward with the key-value cache
-        ids = ids[-max(1, self.block_size - max_new):]
+        """The continuation of context, greedy unless the task samples (do_sample, at its temperature), up
+        to the first of the task's stop sequences (or the end of text token), at most max_gen_toks tokens
+        (or the limit under another of the names the harness reads, 256 where the task sets none).
+        The model reads the context's last block_size tokens, and each new token after the last block_size
+        tokens before it, as sample.py does. (The harness's Hugging Face model cuts the context to
+        block_size - max_gen_toks tokens, so all of it stays in the window: with a small block_size and
+        the 256-token default, that would leave a token or none.)"""
+        kwargs = normalize_gen_kwargs(gen_kwargs)
+        until = [s for s in kwargs["until"] if s]
+        temperature = kwargs["temperature"] if kwargs["do_sample"] else 0
+        ids = (self.tok_encode(context) or [self.prefix_token_id])[-self.block_size:]
         new = []
         with self.ctx:
-            for token in self.model.generate_tokens(torch.tensor([ids], device=self.device), max_new,
-                                                    temperature=0, vocab_size=self.tok.vocab_size):
+            for token in self.model.generate_tokens(torch.tensor([ids], device=self.device), kwargs["max_gen_toks"],
+                                                    temperature=temperature, vocab_size=self.tok.vocab_size):
                 if token.item() == self.tok.eot:
                     break
                 new.append(token.item())

@@ -750,7 +750,7 @@ class GPT(nn.Module):
                 cache = self.make_cache() if use_cache and idx.size(1) < block_size else None
                 logits, _ = self(idx[:, -block_size:], cache=cache)
                 cached = min(idx.size(1), block_size)
-            logits = logits[:, -1, :vocab_size]
+            logits = logits[:, -1, :vocab_size].float()  # float16 logits / a low temperature would overflow to inf
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:

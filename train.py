@@ -313,6 +313,8 @@ try:
             print(f"converted {init_from} into {raw_model.config.residual}: {len(missing)} pseudo-queries start at zero")
 except ValueError as e:  # a bad model key, or a checkpoint of another shape
     die(e)
+if init_from not in ("scratch", "resume"):  # the log, wandb and the checkpoint name the model trained, not train.py's defaults
+    config.update(asdict(raw_model.config))
 torch.manual_seed(seed + 1 + rank)  # dropout draws from its own stream, one per rank
 raw_model.fused_route, raw_model.bf16_sources = "auto" if fused_route else False, bf16_sources
 raw_model.to(device)

@@ -168,6 +168,19 @@ def test_text_requests_with_the_gpt2_tokenizer(gpt2_offline):
         assert (logprob, greedy) == pytest.approx(direct(model, *ids, vocab=tok.vocab_size), abs=TOL)
 
 
+def test_a_context_of_spaces_reads_the_prefix_token():
+    """The harness moves a context's trailing spaces into the continuation, so a context of spaces alone
+    reaches the model empty: it reads the prefix token, as an empty context does, in any batch size."""
+    model = tiny_model("rd")
+    pair = Instance("loglikelihood", {}, (" ", " abc"), 0)
+    want = direct(model, [evaluate.NEWLINE], list(b"  abc"))
+    for batch_size in (1, 4):
+        got = harness_lm(model, batch_size=batch_size).loglikelihood([pair], disable_tqdm=True)
+        assert got[0] == pytest.approx(want, abs=TOL)
+    with pytest.raises(ValueError, match="at least one token"):
+        evaluate.score_windows([], [1, 2], 32)
+
+
 def test_batching_and_sorting_change_no_score():
     """The same requests in batches of 1, 3 and 64, and in reverse order: the same scores, each in its
     request's place."""
@@ -200,18 +213,36 @@ def test_long_contexts_lose_their_beginning_and_long_continuations_go_in_pieces(
 
 def test_generation_is_greedy_with_the_cache_and_stops():
     """generate_until: the model's greedy tokens (as generate without the key-value cache makes them),
-    cut at the first stop sequence; at most max_gen_toks tokens; a long prompt keeps its end."""
+    cut at the first stop sequence; at most max_gen_toks tokens (or max_new_tokens, a name the harness
+    also reads); a long prompt keeps its last block_size tokens whatever the limit (the 256-token
+    default too), and the window slides."""
     model = tiny_model("rd")
     lm = harness_lm(model)
     prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
-    kept = list(prompt.encode())[-(32 - 12):]  # room for the 12 new tokens in the window
+    kept = list(prompt.encode())[-32:]
     ref = model.generate(torch.tensor([kept]), 12, temperature=0, use_cache=False)[0, len(kept):].tolist()
     text = bytes(ref).decode("utf-8", errors="replace")
     assert lm.generate(prompt, {"max_gen_toks": 12}) == text
+    assert lm.generate(prompt, {"max_new_tokens": 12}) == text
     stop = text[5:7]
-    got = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": [stop, "never"], "max_gen_toks": 12}), 0)],
-                            disable_tqdm=True)
-    assert got == [text[:text.index(stop)]]
+    got = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": [stop, "never"], "max_gen_toks": 12}), 0),
+                             Instance("generate_until", {}, (prompt, {"until": stop}), 1)], disable_tqdm=True)
+    assert got == [text[:text.index(stop)]] * 2
+    short = "Q: hi\nA:"  # a prompt that leaves the window room: one-token steps with the cache, the same tokens
+    ref = model.generate(torch.tensor([list(short.encode())]), 40, temperature=0, use_cache=False)[0, len(short):].tolist()
+    assert lm.generate(short, {"max_gen_toks": 40}) == bytes(ref).decode("utf-8", errors="replace")
+
+
+def test_generation_samples_where_the_task_asks():
+    """do_sample with a temperature: the model's sampled tokens at that temperature (the same generator state)."""
+    model = tiny_model("rd")
+    prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
+    torch.manual_seed(0)
+    got = harness_lm(model).generate(prompt, {"do_sample": True, "temperature": 2.0, "max_gen_toks": 12})
+    torch.manual_seed(0)
+    ref = model.generate(torch.tensor([list(prompt.encode())[-32:]]), 12, temperature=2.0, use_cache=False)[0, 32:].tolist()
+    greedy = harness_lm(model).generate(prompt, {"max_gen_toks": 12})
+    assert got == bytes(ref).decode("utf-8", errors="replace") != greedy
 
 
 # -----------------------------------------------------------------------------

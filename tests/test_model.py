@@ -526,6 +526,22 @@ def test_cached_generation_equals_uncached(mode, res_blocks, linear):
     assert torch.equal(cached, uncached)
 
 
+def test_low_temperature_sampling_under_float16():
+    """Logits over a low temperature pass float16's largest number (65504) (here ~0.3 / 1e-6): sampling
+    divides them in float32, so it runs, and gives the greedy tokens (float16's logits below 0.5 are
+    2^-12 or less apart, or equal, and 2^-12 / 1e-6 = 244 nats leaves the argmax all the probability,
+    bar exact ties, none here)."""
+    model = make_model(exact=False, residual="rd", res_blocks=2)
+    randomise_queries(model)
+    prompt = batch(b=2, t=5)
+    with torch.autocast("cpu", dtype=torch.float16):
+        logits, _ = model(prompt)
+        assert logits.dtype == torch.float16 and (logits[:, -1] / 1e-6).isinf().any()
+        sampled = model.generate(prompt, 8, temperature=1e-6)
+        greedy = model.generate(prompt, 8, temperature=0)
+    assert torch.equal(sampled, greedy)
+
+
 def test_cached_forward_matches_full_forward():
     model = make_model(residual="rd", res_blocks=2)
     randomise_queries(model)

@@ -338,7 +338,8 @@ def test_torchrun_two_ranks_match_one_process(data, tmp_path):
 
 
 def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
-    """init_from=<a standard checkpoint> in every routed mode: the step-0 val loss is the source's."""
+    """init_from=<a standard checkpoint> in every routed mode: the step-0 val loss is the source's. With no
+    mode set, the source's own: the run's recorded settings name that model."""
     source = standard_checkpoint(tmp_path / "source.pt", data)
     val = {}
     for mode in ("standard", "delta", "attnres/res_blocks=2", "rd"):
@@ -353,6 +354,12 @@ def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
             assert "pseudo-queries start at zero" in result.stdout
     for mode in val:
         assert val[mode] == pytest.approx(val["standard"], abs=1e-5), val
+    out = tmp_path / "as_is"  # no mode set: the source's own, standard, which the log and the checkpoint name (not delta)
+    train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", "--max_iters=0", cwd=tmp_path)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["model_args"]["residual"] == "standard"
+    for config in (ckpt["config"], events(out, "start")[0]["config"]):
+        assert {k: config[k] for k in ckpt["model_args"]} == ckpt["model_args"]
 
 
 @pytest.mark.parametrize("log_interval", [1, 100])
