@@ -99,12 +99,19 @@ def clean_state_dict(state_dict):
 
 
 def load_state_into(model, state_dict):
-    """Load state_dict into model, converting between residual modes (README "Exact equivalences", 2): a
+    """Load state_dict into model, converting between residual modes (README "Exact equivalences"): a
     pseudo-query the checkpoint lacks keeps the model's zero init, so a standard checkpoint becomes
-    a routed model with the same function; pseudo-queries the model has no use for are dropped.
-    Returns the lists (missing queries, dropped queries). Any other mismatch is an error."""
+    a routed model with the same function (2); rd's value query w_v, which an attnres checkpoint lacks,
+    starts as that layer's w_qk, so attnres becomes rd with the same function (3), unless the value route
+    is fixed (fixed_value_route: w_v stays zero, a uniform route); pseudo-queries the
+    model has no use for are dropped. Returns the lists (queries that start at zero, dropped queries).
+    Any other mismatch is an error."""
     state_dict = clean_state_dict(state_dict)
     own = model.state_dict()
+    fixed = getattr(model.config, "fixed_value_route", False)
+    value_queries = {k: k.removesuffix("_v") for k in own if k.endswith("attn_res_query_v") and not fixed}
+    state_dict = {**{k: state_dict[qk] for k, qk in value_queries.items() if k not in state_dict and qk in state_dict},
+                  **state_dict}
     missing = [k for k in own if k not in state_dict]
     dropped = [k for k in state_dict if k not in own]
     bad = [k for k in missing + dropped if "res_query" not in k]
@@ -117,6 +124,18 @@ def load_state_into(model, state_dict):
                              f"but {tuple(own[k].shape)} in the model; use the checkpoint's n_embd/n_layer/vocab_size/block_size")
     model.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
     return missing, dropped
+
+
+def converts_exactly(source_args, target_args):
+    """Whether a checkpoint of the model source_args, loaded into target_args (load_state_into), computes the
+    same function (README "Exact equivalences"): a standard one in any mode (2), attnres as rd with a
+    value route of its own (3), any mode as itself; res_blocks = 2L is per-sublayer routing, res_blocks = 0 (4)."""
+    def mode(args):
+        blocks = args.get("res_blocks", 0)
+        return args.get("residual", "standard"), 0 if blocks == 2 * args["n_layer"] else blocks
+    (source, source_blocks), (target, target_blocks) = mode(source_args), mode(target_args)
+    attnres_as_rd = (source, target) == ("attnres", "rd") and not target_args.get("fixed_value_route")
+    return source == "standard" or (source_blocks == target_blocks and (source == target or attnres_as_rd))
 
 
 def load_model(path, device="cpu", **overrides):
@@ -183,7 +202,8 @@ def download_gpt2(name, cache_dir="cache", url=None):
         raise ValueError(f"unknown GPT-2 model {name!r}: choose one of {', '.join(GPT2_CONFIGS)}")
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     url = url or f"{endpoint}/openai-community/{name}/resolve/main/model.safetensors"
-    return download(url, Path(cache_dir) / f"{name}.safetensors", desc=f"{name} weights")
+    return download(url, Path(cache_dir) / f"{name}.safetensors", desc=f"{name} weights",
+                    mirror="set HF_ENDPOINT to a mirror")
 
 
 def load_gpt2(name, cache_dir="cache", url=None):

@@ -28,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 from common import (NonFiniteLosses, allow_tf32, autocast, bind_device, die, hms, once_per_node, peak_flops,
                     process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
-from checkpoint import GPT2_CONFIGS, download_gpt2, load_checkpoint, load_gpt2, load_state_into, save_checkpoint
+from checkpoint import (GPT2_CONFIGS, converts_exactly, download_gpt2, load_checkpoint, load_gpt2, load_state_into,
+                        save_checkpoint)
 from download import DownloadError
 from model import GPT, GPTConfig
 from prepare import DATA_ROOT, DATASETS, prepare
@@ -311,6 +312,11 @@ try:
         missing, _ = load_state_into(raw_model, state)  # a missing pseudo-query stays zero: the same function
         if missing and master:
             print(f"converted {init_from} into {raw_model.config.residual}: {len(missing)} pseudo-queries start at zero")
+        target = raw_model.config
+        if init_from != "resume" and not converts_exactly(source_args, asdict(target)) and master:
+            print(f"note: {init_from} is {source_args['residual']} with res_blocks={source_args.get('res_blocks', 0)}; as "
+                  f"{target.residual} with res_blocks={target.res_blocks} it computes another function (only a standard "
+                  "checkpoint, or attnres into rd, converts exactly), so training starts from a changed model")
 except ValueError as e:  # a bad model key, or a checkpoint of another shape
     die(e)
 if init_from not in ("scratch", "resume"):  # the log, wandb and the checkpoint name the model trained, not train.py's defaults

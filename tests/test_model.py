@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import perturb_norms_and_biases, randomise_queries, tiny_config
+from checkpoint import converts_exactly, load_state_into
 from common import routing_summary
 from model import GPT, DepthSources, GPTConfig, LayerNormOfUpcast, LowRankLinear, reference_route, routing_logits
 
@@ -88,18 +89,39 @@ def test_zero_queries_default_eps_bound():
     assert gaps[1] < gaps[0] / 3 and gaps[1] < 1e-3
 
 
+def test_which_conversions_keep_the_function():
+    """checkpoint.converts_exactly: a standard checkpoint in any mode, attnres as rd at its granularity (with
+    a value route of its own, not a fixed one), any mode as itself (res_blocks = 2L being res_blocks = 0);
+    nothing else."""
+    def args(residual, res_blocks=0):
+        return dict(residual=residual.removesuffix("_fixedv"), res_blocks=res_blocks, n_layer=3,
+                    fixed_value_route=residual.endswith("_fixedv"))
+    exact = [(args("standard"), args("rd", 2)), (args("standard", 3), args("delta")), (args("attnres", 3), args("rd", 3)),
+             (args("attnres", 6), args("rd", 0)), (args("delta", 2), args("delta", 2)), (args("rd"), args("rd", 6))]
+    changed = [(args("attnres"), args("delta")), (args("attnres", 2), args("rd", 3)), (args("rd"), args("attnres")),
+               (args("delta"), args("standard")), (args("attnres", 2), args("attnres", 3)), (args("attnres"), args("rd_fixedv")),
+               (args("rd_fixedv", 2), args("rd"))]
+    # rd's own w_v loads as it was, fixed or not
+    exact += [(args("standard"), args("rd_fixedv")), (args("rd_fixedv"), args("rd")), (args("rd"), args("rd_fixedv"))]
+    assert all(converts_exactly(*pair) for pair in exact) and not any(converts_exactly(*pair) for pair in changed)
+    fixed = make_model(residual="rd", fixed_value_route=True)  # its value route stays uniform: w_v is not taken from w_qk
+    attnres = make_model(residual="attnres")
+    randomise_queries(attnres)
+    missing, _ = load_state_into(fixed, attnres.state_dict())
+    assert missing and all(k.endswith("attn_res_query_v") for k in missing)
+    assert all(not block.attn_res_query_v.any() for block in fixed.transformer.h)
+
+
 @pytest.mark.parametrize("linear", LINEARS)
 @pytest.mark.parametrize("res_blocks", [0, 3])
 def test_rd_tied_equals_attnres(res_blocks, linear):
-    """Equivalence 3: rd with w_v tied to w_qk is attnres, for random non-zero queries."""
+    """Equivalence 3: rd with w_v tied to w_qk is attnres, for random non-zero queries. So an attnres
+    checkpoint loads into rd (checkpoint.load_state_into) with each w_v starting as its layer's w_qk."""
     attnres = make_model(residual="attnres", res_blocks=res_blocks, **LINEARS[linear])
     randomise_queries(attnres)
     rd = make_model(residual="rd", res_blocks=res_blocks, **LINEARS[linear])
-    missing, unexpected = rd.load_state_dict(attnres.state_dict(), strict=False)
-    assert not unexpected and all(k.endswith("attn_res_query_v") for k in missing)
-    with torch.no_grad():
-        for block in rd.transformer.h:
-            block.attn_res_query_v.copy_(block.attn_res_query)
+    assert load_state_into(rd, attnres.state_dict()) == ([], [])  # no query starts at zero, none is dropped
+    assert all(torch.equal(block.attn_res_query_v, block.attn_res_query) for block in rd.transformer.h)
     idx = batch()
     assert max_diff(all_logits(rd, idx), all_logits(attnres, idx)) < EXACT
     with torch.no_grad():  # and untying them changes the function, far beyond float64 rounding

@@ -338,8 +338,9 @@ def test_torchrun_two_ranks_match_one_process(data, tmp_path):
 
 
 def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
-    """init_from=<a standard checkpoint> in every routed mode: the step-0 val loss is the source's. With no
-    mode set, the source's own: the run's recorded settings name that model."""
+    """init_from=<a standard checkpoint> in every routed mode: the step-0 val loss is the source's. An attnres
+    checkpoint converts into rd with its loss too; into delta, with a note that the function changed. With
+    no mode set, the source's own: the run's recorded settings name that model."""
     source = standard_checkpoint(tmp_path / "source.pt", data)
     val = {}
     for mode in ("standard", "delta", "attnres/res_blocks=2", "rd"):
@@ -354,6 +355,20 @@ def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
             assert "pseudo-queries start at zero" in result.stdout
     for mode in val:
         assert val[mode] == pytest.approx(val["standard"], abs=1e-5), val
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'attnres2'}", f"--init_from={source}", "--residual=attnres",
+          "--res_blocks=2", "--max_iters=4", "--eval_interval=4", "--res_query_lr_mult=10", cwd=tmp_path)
+    attnres = tmp_path / "attnres2" / "ckpt.pt"  # trained, so its queries (of routes over 2 or more sources) are not zero
+    queries = {k: v for k, v in torch.load(attnres, weights_only=True)["model"].items() if "attn_res_query" in k}
+    assert sum(bool(v.any()) for v in queries.values()) == len(queries) - 1  # all but the first layer's (1 source)
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'rd2'}", f"--init_from={attnres}", "--residual=rd",
+                   "--res_blocks=2", "--max_iters=0", cwd=tmp_path)  # w_v starts as w_qk: the same function
+    assert events(tmp_path / "rd2", "eval")[0]["val_loss"] == pytest.approx(events(attnres.parent, "eval")[-1]["val_loss"],
+                                                                             abs=1e-5)
+    assert "note" not in result.stdout
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'delta2'}", f"--init_from={attnres}",
+                   "--residual=delta", "--res_blocks=2", "--max_iters=0", cwd=tmp_path)
+    assert (f"note: {attnres} is attnres with res_blocks=2; as delta with res_blocks=2 it computes another function"
+            in result.stdout)
     out = tmp_path / "as_is"  # no mode set: the source's own, standard, which the log and the checkpoint name (not delta)
     train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", "--max_iters=0", cwd=tmp_path)
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
