@@ -172,15 +172,17 @@ class Row:
         self.optimizer.zero_grad(set_to_none=True)
 
     def time_train(self, steps):
+        """Seconds per training step, over `steps` steps."""
         synchronize(self.args.device)
         t0 = time.perf_counter()
         for _ in range(steps):
             self.train_step()
         synchronize(self.args.device)
-        self.times["train"].append((time.perf_counter() - t0) / steps)
+        return (time.perf_counter() - t0) / steps
 
     @torch.no_grad()
     def time_decode(self, n_tokens):
+        """Seconds per decoded token, over n_tokens one-token steps after the prompt."""
         self.model.eval()
         cache = self.model.make_cache()
         with self.ctx:
@@ -191,8 +193,8 @@ class Row:
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
                 logits = self.decode_step(token, cache)
             synchronize(self.args.device)
-        self.times["decode"].append((time.perf_counter() - t0) / n_tokens)
         self.model.train()
+        return (time.perf_counter() - t0) / n_tokens
 
     def measure_memory(self):
         dev = self.args.device
@@ -356,10 +358,10 @@ def run(args):
             print(f"compiled {row.name}: training step {row.compile_s['train']:.0f} s, "
                   f"decode step {row.compile_s['decode']:.0f} s", flush=True)
         row.measure_memory()
-    for _ in range(args.rounds):  # interleaved: every row runs once per round
+    for _ in range(args.rounds):  # interleaved: every row runs once per round; only these rounds count
         for row in bench:
-            row.time_train(args.train_steps)
-            row.time_decode(args.decode_tokens)
+            row.times["train"].append(row.time_train(args.train_steps))
+            row.times["decode"].append(row.time_decode(args.decode_tokens))
 
     results = []
     by_name = {row.name: row for row in bench}

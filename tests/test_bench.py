@@ -64,6 +64,24 @@ def test_training_memory_counts_what_each_model_keeps(report):
     assert mem["standard"] == mem["dense"]
 
 
+def test_only_the_timed_rounds_count(tmp_path, monkeypatch):
+    """The warm-up before the rounds (the first step, 3 decoded tokens: with --compile, the compiling calls)
+    is no measurement: each row's tokens/s is its fastest timed round's. The timers are faked here, the
+    warm-up's decoding 10x faster than a round's (eager on a CPU, 3 tokens after the prompt are faster
+    than 32 at longer contexts), which the report must not show."""
+    import bench
+    rounds = {"decode": iter([0.010, 0.008, 0.012, 0.011]), "train": iter([0.5, 0.4, 0.6, 0.45])}
+    monkeypatch.setattr(bench.Row, "time_decode", lambda self, n: 0.001 if n == 3 else next(rounds["decode"]))
+    monkeypatch.setattr(bench.Row, "time_train", lambda self, steps: next(rounds["train"]))
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, "--rounds=2", "--rows=standard,attnres/res_blocks=0", f"--json={out}"])
+    bench.main()
+    rows = {(r["name"], r["phase"]): r["tokens_per_s"] for r in json.loads(out.read_text())["rows"]}
+    batch, tokens = 2, 2 * 32  # TINY's batch and block size
+    assert rows == pytest.approx({("standard", "decode"): batch / 0.010, ("attnres/res_blocks=0", "decode"): batch / 0.008,
+                                  ("standard", "train"): tokens / 0.5, ("attnres/res_blocks=0", "train"): tokens / 0.4})
+
+
 def test_route_tile_runs_the_fused_route_at_that_tile(tmp_path):
     """--route_tile sets the fused route's tile for every row (here in Triton's interpreter on the CPU), and
     the JSON says which tile ran; the plain route records none (the report above); a bad tile is a one-line error."""
