@@ -37,6 +37,10 @@ class _Retry(Exception):
     """A failure worth another attempt: a dropped connection, a timeout, a 5xx."""
 
 
+class _Refused(Exception):
+    """A failure no attempt will change: the server refused the request (a 4xx)."""
+
+
 def _content_range(value):
     # "bytes 100-199/200" -> (100, 200); the total may be "*" (unknown) -> (100, None)
     try:
@@ -134,7 +138,7 @@ def _attempt(url, part, timeout, desc, quiet):
             if r.status_code == 429 or r.status_code >= 500:
                 raise _Retry(f"HTTP {r.status_code} {r.reason}")
             if r.status_code >= 400:
-                raise DownloadError(f"HTTP {r.status_code} {r.reason} for {url}: check the address, or pass --url for a mirror")
+                raise _Refused(f"HTTP {r.status_code} {r.reason} for {url}: check the address")
             if r.status_code == 206:
                 start, total = _content_range(r.headers.get("Content-Range"))
                 if start != have:
@@ -171,7 +175,8 @@ def _attempt(url, part, timeout, desc, quiet):
     return sha256
 
 
-def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expected_size=None, quiet=False):
+def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expected_size=None, quiet=False,
+             mirror="pass --url for a mirror"):
     """
     Fetch url into dest (a path). An existing dest is reused without a request: if dest + ".sha256"
     records the hash it was verified against, dest must still hash to it or it is fetched again;
@@ -179,6 +184,7 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
     retries: attempts after the first, for a failed transfer or bytes that do not match the
     published sha256; retry k (1, 2, ..) first waits backoff * 2**(k-1) seconds.
     expected_size: if given, the final byte count must match it.
+    mirror: how the caller's user downloads from elsewhere, for the errors (prepare.py's --url by default).
     Returns dest as a Path; raises DownloadError with a one-line message.
     """
     dest = Path(dest)
@@ -212,14 +218,16 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
             break
         except _Retry as e:
             problem = str(e)
+        except _Refused as e:
+            raise DownloadError(f"{e}, or {mirror}") from None
     else:
         hint = "run again to resume" if part.exists() else "check your network"
         attempts = f"{retries + 1} attempt" + ("s" if retries else "")
-        raise DownloadError(f"download of {url} failed after {attempts}: {problem}; {hint}, or pass --url for a mirror")
+        raise DownloadError(f"download of {url} failed after {attempts}: {problem}; {hint}, or {mirror}")
     size = part.stat().st_size
     if expected_size is not None and size != expected_size:
         part.unlink()
-        raise DownloadError(f"{url} has {size:,} bytes, expected {expected_size:,}: the file on the server differs; pass --url for a mirror")
+        raise DownloadError(f"{url} has {size:,} bytes, expected {expected_size:,}: the file on the server differs; {mirror}")
     # the record first: whenever dest exists, a .sha256 next to it is dest's own
     if sha256:
         write_atomic(record, lambda f: f.write(f"{sha256}  {dest.name}\n".encode()))

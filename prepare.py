@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import die
+from common import die, durable_replace
 from download import DownloadError, download
 from shards import (DATA_ROOT, ShardError, find_shards, get_tokenizer, load_meta, read_shard,
                     write_meta, write_shard)
@@ -97,15 +97,22 @@ def tokenize(docs, tok, what):
     return np.concatenate(parts) if parts else np.zeros(0, np.uint16)
 
 
+def refuse_other_datasets(data_dir, name):
+    """Readers take every *_train_*.bin and *_val_*.bin in a folder: never mix two datasets in one. Checked
+    before anything in the folder changes, so that a refused prepare leaves the dataset there as it was."""
+    others = [p for split in ("train", "val") for p in sorted(data_dir.glob(f"*_{split}_*.bin"))
+              if not p.name.startswith(f"{name}_{split}_")]
+    if others:
+        raise ValueError(f"{data_dir} also holds {others[0].name}, from another dataset: prepare into an empty --out folder")
+
+
 def write_dataset(data_dir, name, train, val, meta):
     """Write train/val token arrays as shards, then meta.json last: meta.json marks the folder complete."""
+    refuse_other_datasets(data_dir, name)
     (data_dir / "meta.json").unlink(missing_ok=True)
     for split, tokens in (("train", train), ("val", val)):
         for path in data_dir.glob(f"{name}_{split}_*.bin"):  # an earlier run's, maybe more of them
             path.unlink()
-        others = list(data_dir.glob(f"*_{split}_*.bin"))
-        if others:  # readers take every *_train_*.bin in the folder: never mix two datasets
-            raise ValueError(f"{data_dir} also holds {others[0].name}, from another dataset: prepare into an empty --out folder")
         for i, start in enumerate(range(0, len(tokens), SHARD_TOKENS)):
             write_shard(data_dir / f"{name}_{split}_{i:06d}.bin", tokens[start:start + SHARD_TOKENS])
     finish(data_dir, meta)
@@ -185,10 +192,14 @@ def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
     spec = FINEWEB[name]
     base = (url or f"https://huggingface.co/datasets/{spec['repo']}/resolve/main").rstrip("/")
     files = [f"{spec['prefix']}_val_000000.bin"] + [f"{spec['prefix']}_train_{i:06d}.bin" for i in range(1, shards + 1)]
-    # the folder's meta.json stays until finish() replaces it: if a download fails, the dataset that was
-    # here (say, --shards 2 on the way to --shards 3) is still there to train on
+    refuse_other_datasets(data_dir, spec["prefix"])
+    # Shards new to the folder arrive in data_dir/.incoming/ and join the dataset together, once all of
+    # them are here: if a download fails, the dataset that was here (say, --shards 2 on the way to
+    # --shards 3) is still there to train on, with its meta.json, and a rerun takes the shards that arrived.
+    incoming = data_dir / ".incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
     for i, file in enumerate(files):
-        path = data_dir / file
+        path = data_dir / file if (data_dir / file).exists() else incoming / file
         if path.exists():
             try:
                 read_shard(path)
@@ -204,6 +215,12 @@ def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
             path.unlink()  # never leave a bad file under a name that looks complete
             raise ShardError(f"downloaded {file} from {base} is not a valid shard ({size:,} bytes, bad header or length); "
                              "run again, or pass --url for a mirror") from None
+    for file in files:
+        for arrived in (file + ".sha256", file):  # its record first: a shard in the dataset never lacks its own
+            if (incoming / arrived).exists():
+                durable_replace(incoming / arrived, data_dir / arrived)
+    if incoming.is_dir() and not any(incoming.iterdir()):  # else an earlier, longer run's shards wait there
+        incoming.rmdir()
     extra = len(find_shards(data_dir, "train")) - shards
     if extra > 0:
         log(f"note: keeping {extra} more train shard(s) from an earlier run; delete them to train on fewer")

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import download as download_module
 from checkpoint import gpt2_state_dict, load_gpt2, load_state_into
+from download import DownloadError
 from localserver import LocalServer
 from model import GPT, GPTConfig
 from test_train import TINY, events, make_dataset, train
@@ -113,6 +115,22 @@ def test_train_init_from_gpt2_converts_and_fine_tunes(tmp_path):
     assert delta[0]["val_loss"] == pytest.approx(standard[0]["val_loss"], abs=1e-5)
     ckpt = torch.load(tmp_path / "delta" / "ckpt.pt", weights_only=True)  # fine-tuned for 4 iterations
     assert ckpt["iter_num"] == 4 and ckpt["model_args"]["residual"] == "delta" and len(events(tmp_path / "delta", "train")) == 4
+
+
+def test_a_failed_gpt2_download_names_the_mirror_setting_of_every_entry_point(tmp_path, monkeypatch):
+    """GPT-2's weights reach train.py, sample.py and eval.py, none of which has prepare.py's --url: a
+    failed download says how to use a mirror there (HF_ENDPOINT), in one line."""
+    with LocalServer({}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        with pytest.raises(DownloadError) as refused:
+            load_gpt2("gpt2", cache_dir=tmp_path)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)  # shut now: nobody answers
+    monkeypatch.setattr(download_module.time, "sleep", lambda s: None)
+    with pytest.raises(DownloadError) as unreachable:
+        load_gpt2("gpt2", cache_dir=tmp_path)
+    for e in (refused, unreachable):
+        message = str(e.value)
+        assert message.endswith("set HF_ENDPOINT to a mirror") and "--url" not in message and "\n" not in message
 
 
 def test_torchrun_downloads_gpt2_once(tmp_path):

@@ -21,7 +21,7 @@ import prepare
 from download import DownloadError, download
 from localserver import LocalServer
 import shards
-from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard
+from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard, write_meta, write_shard
 
 SHAKESPEARE = REPO.parent / "shared/data/tinyshakespeare/input.txt"
 
@@ -316,6 +316,47 @@ def test_fineweb_failed_extension_keeps_the_dataset(tmp_path):
         ["fineweb_train_000001.bin", "fineweb_train_000002.bin"]
     assert sum(len(read_shard(p)) for p in find_shards(data_dir, "train")) == meta["train_tokens"] == 10_000
     assert prepare.is_prepared(data_dir, dict(dataset="fineweb10B", shards=2))
+
+
+def test_fineweb_extension_failing_partway_keeps_the_dataset_and_what_arrived(tmp_path):
+    """--shards 1, then --shards 3 where shard 3 is missing: shard 2 arrived but waits in .incoming/, so the
+    folder is still the 1-shard dataset its meta.json describes (train.py counts every shard in the folder);
+    a rerun fetches shard 3 alone, and both join the dataset."""
+    files = fineweb_files(3)
+    with LocalServer({k: v for k, v in files.items() if not k.endswith("train_000003.bin")}) as server:
+        data_dir = prepare.prepare("fineweb10B", shards=1, out=tmp_path / "fw", url=server.url, quiet=True)
+        with pytest.raises(DownloadError, match="fineweb_train_000003.bin"):
+            prepare.prepare("fineweb10B", shards=3, out=data_dir, url=server.url, quiet=True)
+    meta = load_meta(data_dir)
+    assert [p.name for p in find_shards(data_dir, "train")] == meta["train_files"] == ["fineweb_train_000001.bin"]
+    assert prepare.is_prepared(data_dir, dict(dataset="fineweb10B", shards=1))
+    assert [p.name for p in (data_dir / ".incoming").iterdir()] == ["fineweb_train_000002.bin"]
+    with LocalServer(files) as server:
+        prepare.prepare("fineweb10B", shards=3, out=data_dir, url=server.url, quiet=True)
+        assert [p for _, p, _ in server.requests] == ["/fineweb_train_000003.bin"]
+    assert load_meta(data_dir)["train_files"] == [f"fineweb_train_00000{i}.bin" for i in (1, 2, 3)]
+    assert not (data_dir / ".incoming").exists()
+
+
+@pytest.mark.parametrize("dataset", ["fineweb10B", "text"])
+def test_a_folder_holding_another_dataset_is_refused_and_left_as_it_was(tmp_path, dataset):
+    """Readers take every shard in a folder, so two datasets never share one: a prepare into another
+    dataset's folder is refused before it changes anything there (it used to delete meta.json first, or,
+    for FineWeb, to add its shards to the other dataset's)."""
+    data_dir = tmp_path / "mine"  # a dataset of one's own
+    write_shard(data_dir / "mine_train_000000.bin", np.arange(100))
+    write_shard(data_dir / "mine_val_000000.bin", np.arange(10))
+    write_meta(data_dir, dict(tokenizer="bytes", vocab_size=256, train_tokens=100, val_tokens=10))
+    before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
+    (tmp_path / "other.txt").write_text("other text " * 100)
+    with LocalServer(fineweb_files(1)) as server:
+        with pytest.raises(ValueError, match="also holds mine_train_000000.bin, from another dataset"):
+            if dataset == "text":
+                prepare.prepare("text", inputs=[tmp_path / "other.txt"], out=data_dir, quiet=True)
+            else:
+                prepare.prepare(dataset, out=data_dir, url=server.url, quiet=True)
+        assert not server.requests
+    assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before
 
 
 def test_fineweb_rerun_refetches_a_shard_that_no_longer_matches_its_sha256(tmp_path):
