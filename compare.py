@@ -1,4 +1,4 @@
-"""
+r"""
 The papers' comparison in one command: a grid of training runs that differ only in their
 residual connections (or their linears), N paired seeds each, one table and a few pictures.
 
@@ -581,6 +581,24 @@ def train_args(config, run_dir, seed, name, passthrough):
             if not a.startswith(("--out_dir=", "--wandb_"))]
 
 
+def changed_setting(config, run_dir, seed, name, passthrough):
+    """(key, value trained with, value now) for the first setting of the config file that the finished run in
+    run_dir did not train with, else None. train_args.json names the config file, not what it says: the
+    run's log does (its start line records every setting). The device and dtype are recorded as resolved
+    (auto -> cpu), so not compared."""
+    start = next((e for e in read_log(run_dir) if e.get("event") == "start"), None)
+    if not config or not start:
+        return None
+    trained = start.get("config", {})
+    from_file = configurator.configure(TRAIN_DEFAULTS, [config], str(TRAIN))[1]
+    now = train_settings(config, [f"--seed={seed}", *[f"--{k}={v}" for k, v in run_settings(name).items()], *passthrough])
+    for key in sorted(from_file - {"device", "dtype", "out_dir"}):
+        value = json.loads(json.dumps(now[key]))  # as the log holds it (a tuple is a list there)
+        if key in trained and not key.startswith("wandb_") and trained[key] != value:
+            return key, trained[key], value
+    return None
+
+
 def run_env(jobs):
     """The train.py processes' environment: this one's, with one torch thread each when several run at
     once on a machine's cores (unless OMP_NUM_THREADS says otherwise)."""
@@ -785,14 +803,23 @@ def main(argv):
     if options["report"] and len(todo) == len(plan):
         raise ValueError(f"no finished run in {runs_dir} to report: train the grid first (the same command "
                          "without --report=True), or check --out_dir")
-    for name, seed in plan:  # a run that finished with other train.py arguments would not be comparable
+    for name, seed in plan:  # a run that finished with other settings would not be comparable
         run_dir = runs_dir / name / f"seed{seed}"
+        if (name, seed) in todo:
+            continue
+        published = Path(publish) / "runs" / name / f"seed{seed}" if publish else None
+        retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete {run_dir}"
+                   + (f" and {published}" if published and published.exists() else "") + " to retrain it")
         args_file = run_dir / "train_args.json"
-        if (name, seed) not in todo and args_file.exists():
+        if args_file.exists():
             old, new = json.loads(args_file.read_text()), train_args(config, run_dir, seed, name, passthrough)
             if old != new:
                 raise ValueError(f"{run_dir} finished with other train.py arguments:\n  {' '.join(old)}\nnot\n  "
-                                 f"{' '.join(new)}\nuse another --out_dir, or delete {run_dir} to retrain it")
+                                 f"{' '.join(new)}\n{retrain}")
+        changed = changed_setting(config, run_dir, seed, name, passthrough)
+        if changed:
+            key, trained, now = changed
+            raise ValueError(f"{run_dir} finished with {key}={trained!r}, but {config} now gives {key}={now!r}: {retrain}")
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:

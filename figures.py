@@ -1,4 +1,4 @@
-"""
+r"""
 The pictures: those of one grid, which compare.py draws as it writes its results.md (their files:
 compare.py --help, "Output"), and figures that put published grids side by side, from the command line:
 

@@ -247,7 +247,8 @@ def prepare_text(data_dir, tokenizer, val_fraction, inputs, recipe, command, **_
 
 
 def text_files(inputs):
-    """The --input paths with folders expanded to their .txt files, in a deterministic order."""
+    """The --input paths with folders expanded to their .txt files, in a deterministic order, each file once
+    (a file named beside its folder would be read twice, and could land in both train and val)."""
     if not inputs:
         raise ValueError("the text dataset needs --input: one or more .txt files or folders of them")
     paths = []
@@ -261,7 +262,10 @@ def text_files(inputs):
             paths.append(item)
         else:
             raise ValueError(f"--input {item} does not exist")
-    return paths
+    unique = {}
+    for path in paths:
+        unique.setdefault(path.resolve(), path)
+    return list(unique.values())
 
 
 DATASETS = {
@@ -274,6 +278,22 @@ DATASETS = {
 
 
 # -----------------------------------------------------------------------------
+
+def refuse_another_recipe(data_dir, recipe):
+    """A complete dataset in data_dir made another way (other tokens, another split) is another dataset, which
+    runs and checkpoints may depend on: never replaced silently. (More FineWeb shards, or changed --input
+    files, make the same dataset anew.)"""
+    try:
+        held = load_meta(data_dir).get("recipe") or {}
+    except ShardError:  # no meta.json, or an unusable one: nothing complete to keep
+        return
+    differ = [k for k in ("dataset", "tokenizer", "val_fraction") if held.get(k) != recipe.get(k)]
+    if differ and is_prepared(data_dir, held):
+        what = ", ".join(f"{k} {held.get(k)}" for k in differ)
+        raise ValueError(f"{data_dir} holds a complete dataset with {what}, not {', '.join(str(recipe.get(k)) for k in differ)}: "
+                         f"prepare into a folder of its own (--out {data_dir}_{recipe.get('tokenizer') or 'new'}), or delete "
+                         f"{data_dir} first")
+
 
 def prepare(name="pydocs", out=None, tokenizer=None, shards=None, inputs=None, url=None,
             val_fraction=None, quiet=False):
@@ -330,6 +350,7 @@ def prepare(name="pydocs", out=None, tokenizer=None, shards=None, inputs=None, u
     if is_prepared(data_dir, recipe):
         log(f"{data_dir} is already prepared ({name}, {tokenizer}); delete it to prepare it again")
         return data_dir
+    refuse_another_recipe(data_dir, recipe)
     data_dir.mkdir(parents=True, exist_ok=True)
     log(f"preparing {name} ({tokenizer} tokens) in {data_dir}")
     DATASETS[name](data_dir=data_dir, tokenizer=tokenizer, name=name, shards=shards, inputs=inputs, url=url,

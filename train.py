@@ -170,10 +170,11 @@ if device_type == "cuda":
     allow_tf32()  # float32 matmuls on tensor cores
 ctx = autocast(device, dtype)
 out_dir = Path(out_dir)
-if init_from != "resume" and not eval_only and ckpt_path.exists():
-    # a new run would replace it at its first save (and its log at once): never another run's work silently
-    die(f"{ckpt_path} holds an earlier run: continue it with --init_from=resume, or train into another out_dir "
-        f"(or delete {out_dir} first)")
+if init_from != "resume" and ckpt_path.exists():
+    # a new run would replace it at its first save (and its log at once): never another run's work silently;
+    # and eval_only from another model beside it would score that model, not the checkpoint it names
+    die(f"{ckpt_path} holds an earlier run: {'evaluate' if eval_only else 'continue'} it with --init_from=resume, or "
+        f"{'evaluate' if eval_only else 'train'} into another out_dir (or delete {out_dir} first)")
 if master:
     out_dir.mkdir(parents=True, exist_ok=True)
 

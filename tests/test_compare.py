@@ -33,10 +33,10 @@ def routing_of(residual, res_blocks=0, seed=0, n_layer=2):
     return model.last_routing
 
 
-def write_log(run_dir, val_losses, routing=None, done=True, elapsed_s=10.0, commit="c0ffee", device_name=None):
+def write_log(run_dir, val_losses, routing=None, done=True, elapsed_s=10.0, commit="c0ffee", device_name=None, config=None):
     """A log.jsonl as train.py writes it: the start event, evals at iters 0, 10, 20, ... with the given val losses."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    events = [{"event": "start", "iter": 0, "commit": commit, "dirty": False, "torch": "2.13.0", "config": {}}]
+    events = [{"event": "start", "iter": 0, "commit": commit, "dirty": False, "torch": "2.13.0", "config": config or {}}]
     if device_name:
         events[0].update(device="cpu", device_name=device_name)
     for i, v in enumerate(val_losses):
@@ -455,6 +455,28 @@ def test_finished_runs_are_not_rerun(tmp_path, capsys):
     (runs / "standard" / "seed0" / "train_args.json").write_text(json.dumps(["--max_iters=1"]) + "\n")
     with pytest.raises(ValueError, match="finished with other train.py arguments"):
         compare.main([f"--out_dir={tmp_path}", "--seeds=2", "--runs=delta"])
+
+
+def test_a_finished_run_whose_config_file_changed_is_refused(tmp_path, capsys):
+    """train_args.json names the config file, not what it says: a finished run whose log records another
+    value of a setting the file now gives is refused (it would be mixed with runs of the new value), with
+    advice that works under --publish too (the published copy would come back); device and dtype are
+    recorded resolved (auto -> cpu), so they are not compared."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text("learning_rate = 1e-3\nbeta1 = 0.9\ndevice = 'auto'\n")
+    runs, publish = tmp_path / "compare" / "runs", tmp_path / "published"
+    for seed in (0, 1):
+        write_log(runs / "standard" / f"seed{seed}", [3.0, 2.0], config=dict(learning_rate=1e-3, beta1=0.9, device="cpu"))
+    command = [str(cfg), f"--out_dir={tmp_path}", "--seeds=2", "--runs=standard", f"--publish={publish}"]
+    compare.main(command)
+    assert "2 done, 0 to train" in capsys.readouterr().out
+    cfg.write_text("learning_rate = 3e-2\nbeta1 = 0.9\ndevice = 'auto'\n")
+    with pytest.raises(ValueError) as e:
+        compare.main(command)
+    seed0 = runs / "standard" / "seed0"
+    assert str(e.value) == (f"{seed0} finished with learning_rate=0.001, but {cfg} now gives learning_rate=0.03: use another "
+                            f"--out_dir and --publish folder, or delete {seed0} and {publish / 'runs' / 'standard' / 'seed0'} "
+                            "to retrain it")
 
 
 def test_eval_tasks_score_every_finished_run(tmp_path, capsys, monkeypatch):

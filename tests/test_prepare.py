@@ -264,6 +264,20 @@ def test_shakespeare_gpt2_counts_match_nanogpt(tmp_path, shakespeare_server, gpt
     assert get_tokenizer("gpt2").decode(tokens_of(data_dir, "train")[:3].tolist()) == "First Citizen:"
 
 
+def test_another_tokenizer_never_replaces_a_prepared_dataset(tmp_path, shakespeare_server, gpt2_offline):
+    """shakespeare in bytes, then --tokenizer gpt2 into the same folder: refused, the bytes dataset (which runs
+    and checkpoints may depend on) as it was; into a folder of its own, prepared."""
+    data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", url=shakespeare_server.url, quiet=True)
+    before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
+    with pytest.raises(ValueError) as e:
+        prepare.prepare("shakespeare", out=data_dir, tokenizer="gpt2", url=shakespeare_server.url, quiet=True)
+    assert str(e.value) == (f"{data_dir} holds a complete dataset with tokenizer bytes, not gpt2: prepare into a folder "
+                            f"of its own (--out {data_dir}_gpt2), or delete {data_dir} first")
+    assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before
+    gpt2 = prepare.prepare("shakespeare", out=f"{data_dir}_gpt2", tokenizer="gpt2", url=shakespeare_server.url, quiet=True)
+    assert load_meta(gpt2)["tokenizer"] == "gpt2"
+
+
 def test_download_url_from_the_environment(tmp_path, shakespeare_server, monkeypatch):
     monkeypatch.setenv(prepare.URL_ENV, shakespeare_server.url)
     prepare.prepare("shakespeare", out=tmp_path / "s", quiet=True)
@@ -433,6 +447,9 @@ def test_text_gpt2_marks_documents_and_splits_off_the_tail(tmp_path, gpt2_offlin
 
     again = prepare.prepare("text", inputs=[folder], tokenizer="gpt2", out=tmp_path / "t2", quiet=True)
     assert (again / "text_val_000000.bin").read_bytes() == (data_dir / "text_val_000000.bin").read_bytes()
+    # a file named beside its folder, or twice, is read once (twice, it could be in train and in val)
+    assert prepare.text_files([folder / "sub" / "c.txt", folder, folder / "a.txt"]) == \
+        [folder / "sub" / "c.txt", folder / "a.txt", folder / "b.txt"]
 
 
 def test_text_large_input_is_sharded_and_stale_shards_removed(tmp_path, monkeypatch, capsys):

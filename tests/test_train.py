@@ -201,14 +201,18 @@ def test_data_changed_under_a_run_is_refused(tmp_path):
 
 
 def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
-    """A scratch run into an out_dir holding a checkpoint stops at once, the earlier run untouched; eval_only
-    with resume measures without touching the run's log."""
+    """A scratch run into an out_dir holding a checkpoint stops at once, the earlier run untouched, and so does
+    eval_only there (it would score a fresh model beside the checkpoint); eval_only with resume measures
+    without touching the run's log."""
     common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2", "--always_save_checkpoint=False"]
     train(*common, "--max_iters=4", cwd=tmp_path)
     before = (tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()
     result = train(*common, "--max_iters=4", cwd=tmp_path, ok=False)
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"{tmp_path / 'ckpt.pt'} holds an earlier run: continue it with --init_from=resume" in result.stderr
+    result = train(*common, "--eval_only=True", cwd=tmp_path, ok=False)  # it would score a fresh model, not the run's
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert f"{tmp_path / 'ckpt.pt'} holds an earlier run: evaluate it with --init_from=resume" in result.stderr
     result = train(*common, "--init_from=resume", "--eval_only=True", cwd=tmp_path)
     assert "val loss" in result.stdout
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
