@@ -5,7 +5,9 @@ Download one file so that an interrupted or broken transfer never looks like a f
 
 The bytes stream into dest + ".part" with a progress line on stderr. A dropped
 connection is resumed with an HTTP Range request (or restarted, if the server ignores
-Range); timeouts, dropped connections and 5xx answers are retried with exponential
+Range), asked If-Range the file is still the one the part began (by the ETag or
+Last-Modified it came with, kept in dest + ".part.validator"): a file changed on the
+server in between is fetched whole, never stitched from two versions. Timeouts, dropped connections and 5xx answers are retried with exponential
 backoff; 4xx answers fail at once. Only when the file has the length the server
 announced is it renamed (durably: common.durable_replace) to dest. Where the server
 publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
@@ -116,14 +118,24 @@ class _Progress:
         print(text.ljust(79) if end == "\r" else text, end=end, file=sys.stderr, flush=True)  # pad over a longer line
 
 
+def _validator(response):
+    """What identifies this version of the file for If-Range: a strong ETag, else Last-Modified, else None
+    (a weak ETag, W/"...", may not be used for ranges)."""
+    etag = response.headers.get("ETag")
+    return etag if etag and not etag.startswith("W/") else response.headers.get("Last-Modified")
+
+
 def _attempt(url, part, timeout, desc, quiet):
     """One GET that appends to part (resuming it if it has bytes); raises _Retry if part is not complete
     after it. Returns the sha256 the server published for the file, or None."""
     have = part.stat().st_size if part.exists() else 0
+    validator = part.with_name(part.name + ".validator")
     # identity: a gzip-encoded body would not match Content-Length, nor resume by byte offset
     headers = {"Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
+        if validator.exists():  # the rest of this very version, or (a 200) the whole file as it is now
+            headers["If-Range"] = validator.read_text()
     answered, total = False, None
     try:
         with requests.get(url, headers=headers, stream=True, timeout=timeout) as r:
@@ -145,10 +157,14 @@ def _attempt(url, part, timeout, desc, quiet):
                     part.unlink()
                     raise _Retry(f"the server resumed at byte {start} instead of {have:,}; starting over")
                 mode = "ab"
-            else:  # 200: the whole file, whether or not we asked for a range
+            else:  # 200: the whole file, whether or not we asked for a range (or for the version we had)
                 have, mode = 0, "wb"
                 length = r.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None
+                if _validator(r):
+                    write_atomic(validator, lambda f: f.write(_validator(r).encode()))
+                else:
+                    validator.unlink(missing_ok=True)
             progress = _Progress(desc, have, total, quiet)
             with open(part, mode) as f:
                 for chunk in r.iter_content(CHUNK_BYTES):
@@ -234,4 +250,5 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
     else:
         record.unlink(missing_ok=True)
     durable_replace(part, dest)
+    part.with_name(part.name + ".validator").unlink(missing_ok=True)
     return dest

@@ -6,7 +6,8 @@ A file server on 127.0.0.1 for tests of download code, standard library only.
         download(server.url + "/a.bin", dest)
         assert server.count("/a.bin") == 2
 
-It honours Range requests (206 + Content-Range, 416 past the end), answers 404 for
+It honours Range requests (206 + Content-Range, 416 past the end; with If-Range, only
+if it names the ETag that headers() gives the path now, else the whole file), answers 404 for
 unknown paths, closes the connection after every response (HTTP/1.0), and records
 every request as (method, path, Range header) in server.requests. Misbehaviour is set
 per path: cut(), lie(), fail(), ignore_range(), corrupt(); headers() and redirect()
@@ -125,7 +126,8 @@ def _handler(server):
             if data is None:
                 return self._empty(404)
             size = server._lie.get(path, len(data))
-            ranged = bool(asked) and path not in server._ignore_range
+            same_version = self.headers.get("If-Range") in (None, extra.get("ETag"))
+            ranged = bool(asked) and path not in server._ignore_range and same_version
             start, end = 0, size - 1
             if ranged:  # "bytes=N-" or "bytes=N-M"
                 first, last = asked.removeprefix("bytes=").split("-", 1)

@@ -71,6 +71,26 @@ def test_download_restarts_when_the_server_ignores_range(tmp_path):
     assert server.count("/blob") == 2
 
 
+def test_a_file_changed_on_the_server_between_attempts_is_fetched_whole(tmp_path):
+    """A transfer cut partway through one version resumes If-Range that version's ETag: the server
+    has another by then, so it sends the whole new file (200), not the new file's rest after the old
+    one's start. The validator goes with the finished file."""
+    old, new = BLOB, bytes(reversed(BLOB))
+    with LocalServer({"/blob": old}) as server:
+        server.headers("/blob", {"ETag": '"v1"'})
+        server.cut("/blob", after=150_000)
+        with pytest.raises(DownloadError):
+            download(server.url + "/blob", tmp_path / "blob", retries=0, quiet=True)
+        have = (tmp_path / "blob.part").stat().st_size
+        assert 0 < have < len(old) and (tmp_path / "blob.part.validator").read_text() == '"v1"'
+        server.files["/blob"] = new
+        server.headers("/blob", {"ETag": '"v2"'})
+        download(server.url + "/blob", tmp_path / "blob", quiet=True)
+        assert server.requests[-1] == ("GET", "/blob", f"bytes={have}-")  # asked to resume, answered with the whole
+    assert (tmp_path / "blob").read_bytes() == new
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blob"]
+
+
 def test_download_404_fails_at_once_naming_the_url(tmp_path):
     with LocalServer({}) as server:
         with pytest.raises(DownloadError) as e:
