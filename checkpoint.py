@@ -69,18 +69,23 @@ def load_checkpoint(path, map_location="cpu"):
 
 
 def _damaged_record(path):
-    """Which record of the checkpoint no longer holds the bytes torch.save wrote, or None. torch.save writes a
-    zip archive with a CRC-32 per record (the pickle, each tensor's bytes), but torch.load does not check
-    them: a bit flipped on a disk or in a copy would load as a wrong weight. Checking is one read of the file
-    at several GB/s, a fraction of the load itself."""
+    """What in the checkpoint no longer holds the bytes torch.save wrote, or None. torch.save writes a zip
+    archive with a CRC-32 per record (the pickle, each tensor's bytes), but torch.load does not check them:
+    a bit flipped on a disk or in a copy would load as a wrong weight. Checking is one more read of the
+    file, at several GB/s. A record whose CRC-32 is 0 has none to check: torch.save writes 0 when its
+    compute_crc32 setting is off (and a real CRC-32 is 0 once in 4 billion records)."""
     if not zipfile.is_zipfile(path):
         return None  # the legacy (pre-zip) format, or no archive at all: torch.load says what it is
     try:
         with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()  # reads every record, compares its CRC-32
-    except (zipfile.BadZipFile, EOFError) as e:  # a record's header itself is broken
+            for record in archive.infolist():
+                if record.CRC:
+                    with archive.open(record) as f:
+                        while f.read(1 << 24):  # at its end zipfile compares the CRC-32: BadZipFile if it differs
+                            pass
+    except (zipfile.BadZipFile, EOFError) as e:  # a bad CRC-32, or a record's header itself broken
         return f"{type(e).__name__}: {e}"
-    return f"record {bad} does not match its checksum" if bad else None
+    return None
 
 
 def _unsafe_globals(path):
@@ -98,11 +103,14 @@ def clean_state_dict(state_dict):
     return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state_dict.items()}
 
 
+DEFAULT_ARGS = asdict(GPTConfig())  # what a checkpoint's model_args lacks (GPT-2's: every routing setting)
+
+
 def load_state_into(model, state_dict):
     """Load state_dict into model, converting between residual modes (README "Exact equivalences"): a
     pseudo-query the checkpoint lacks keeps the model's zero init, so a standard checkpoint becomes
-    a routed model with the same function (2); rd's value query w_v, which an attnres checkpoint lacks,
-    starts as that layer's w_qk, so attnres becomes rd with the same function (3), unless the value route
+    a routed model with the same function (2); rd's value query w_v, which an attnres (or delta) checkpoint
+    lacks, starts as that layer's w_qk, so attnres becomes rd with the same function (3), unless the value route
     is fixed (fixed_value_route: w_v stays zero, a uniform route); pseudo-queries the
     model has no use for are dropped. Returns the lists (queries that start at zero, dropped queries).
     Any other mismatch is an error."""
@@ -129,12 +137,19 @@ def load_state_into(model, state_dict):
 def converts_exactly(source_args, target_args):
     """Whether a checkpoint of the model source_args, loaded into target_args (load_state_into), computes the
     same function (README "Exact equivalences"): a standard one in any mode (2), attnres as rd with a
-    value route of its own (3), any mode as itself; res_blocks = 2L is per-sublayer routing, res_blocks = 0 (4)."""
+    value route of its own (3), any mode as itself; res_blocks = 2L is per-sublayer routing, res_blocks = 0 (4).
+    Low-rank linears compute the same only with the same activation and DLR (whose scale has no weights)."""
+    def setting(args, key):
+        return args.get(key, DEFAULT_ARGS[key])
+
     def mode(args):
-        blocks = args.get("res_blocks", 0)
-        return args.get("residual", "standard"), 0 if blocks == 2 * args["n_layer"] else blocks
+        blocks = setting(args, "res_blocks")
+        return setting(args, "residual"), 0 if blocks == 2 * args["n_layer"] else blocks
+    linears = ("lowrank_act", "dlr") + (("dlr_alpha",) if setting(target_args, "dlr") else ())
+    if setting(target_args, "lowrank_rank") and any(setting(source_args, k) != setting(target_args, k) for k in linears):
+        return False
     (source, source_blocks), (target, target_blocks) = mode(source_args), mode(target_args)
-    attnres_as_rd = (source, target) == ("attnres", "rd") and not target_args.get("fixed_value_route")
+    attnres_as_rd = (source, target) == ("attnres", "rd") and not setting(target_args, "fixed_value_route")
     return source == "standard" or (source_blocks == target_blocks and (source == target or attnres_as_rd))
 
 

@@ -585,7 +585,7 @@ def changed_setting(config, run_dir, seed, name, passthrough):
     """(key, value trained with, value now) for the first setting of the config file that the finished run in
     run_dir did not train with, else None. train_args.json names the config file, not what it says: the
     run's log does (its start line records every setting). The device and dtype are recorded as resolved
-    (auto -> cpu), so not compared."""
+    (auto -> cpu), and so is vocab_size=0 (from the data) in a run started from a checkpoint: not compared."""
     start = next((e for e in read_log(run_dir) if e.get("event") == "start"), None)
     if not config or not start:
         return None
@@ -594,7 +594,8 @@ def changed_setting(config, run_dir, seed, name, passthrough):
     now = train_settings(config, [f"--seed={seed}", *[f"--{k}={v}" for k, v in run_settings(name).items()], *passthrough])
     for key in sorted(from_file - {"device", "dtype", "out_dir"}):
         value = json.loads(json.dumps(now[key]))  # as the log holds it (a tuple is a list there)
-        if key in trained and not key.startswith("wandb_") and trained[key] != value:
+        resolved = key.startswith("wandb_") or (key == "vocab_size" and value == 0)
+        if key in trained and not resolved and trained[key] != value:
             return key, trained[key], value
     return None
 

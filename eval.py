@@ -178,17 +178,21 @@ class HarnessLM(TemplateLM):
 
     @torch.no_grad()
     def generate(self, context, gen_kwargs):
-        """The continuation of context, greedy unless the task samples (do_sample, at its temperature), up
-        to the first of the task's stop sequences (or the end of text token), at most max_gen_toks tokens
-        (or the limit under another of the names the harness reads, 256 where the task sets none).
-        The model reads the context's last block_size tokens, and each new token after the last block_size
-        tokens before it, as sample.py does. (The harness's Hugging Face model cuts the context to
-        block_size - max_gen_toks tokens, so all of it stays in the window: with a small block_size and
-        the 256-token default, that would leave a token or none.)"""
-        kwargs = normalize_gen_kwargs(gen_kwargs)
+        """The continuation of context, greedy unless the task samples (do_sample, at its temperature, 1 if
+        it names none; top_p and top_k are not applied), up to the first of the task's stop sequences (or
+        the end of text token), at most max_gen_toks tokens (or the limit under another of the names the
+        harness reads, 256 where the task sets none).
+        The context keeps its last block_size - max_gen_toks tokens, as the harness's Hugging Face model
+        cuts it, so that the new tokens fit in the window, each one a one-token step with the key-value
+        cache; but at least half the window: where max_gen_toks passes block_size / 2 (the 256-token
+        default at a small block_size) that cut would leave a token or none (the Hugging Face model
+        refuses), and the window slides once full, as in sample.py."""
+        until = gen_kwargs.get("until")
+        kwargs = normalize_gen_kwargs({**gen_kwargs, "until": list(until) if isinstance(until, tuple) else until})
         until = [s for s in kwargs["until"] if s]
-        temperature = kwargs["temperature"] if kwargs["do_sample"] else 0
-        ids = (self.tok_encode(context) or [self.prefix_token_id])[-self.block_size:]
+        temperature = float(kwargs.get("temperature", 1.0)) if kwargs["do_sample"] else 0
+        keep = self.block_size - min(kwargs["max_gen_toks"], self.block_size // 2)
+        ids = (self.tok_encode(context) or [self.prefix_token_id])[-keep:]
         new = []
         with self.ctx:
             for token in self.model.generate_tokens(torch.tensor([ids], device=self.device), kwargs["max_gen_toks"],

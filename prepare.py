@@ -284,15 +284,20 @@ def refuse_another_recipe(data_dir, recipe):
     runs and checkpoints may depend on: never replaced silently. (More FineWeb shards, or changed --input
     files, make the same dataset anew.)"""
     try:
-        held = load_meta(data_dir).get("recipe") or {}
+        held = load_meta(data_dir).get("recipe")
     except ShardError:  # no meta.json, or an unusable one: nothing complete to keep
         return
+    if not is_prepared(data_dir, held):
+        return
+    elsewhere = f"prepare into a folder of its own (--out {data_dir}_{recipe.get('tokenizer') or 'new'}), or delete {data_dir} first"
+    if held is None:
+        raise ValueError(f"{data_dir} holds a complete dataset that prepare.py did not make (its meta.json names no "
+                         f"recipe): {elsewhere}")
     differ = [k for k in ("dataset", "tokenizer", "val_fraction") if held.get(k) != recipe.get(k)]
-    if differ and is_prepared(data_dir, held):
+    if differ:
         what = ", ".join(f"{k} {held.get(k)}" for k in differ)
         raise ValueError(f"{data_dir} holds a complete dataset with {what}, not {', '.join(str(recipe.get(k)) for k in differ)}: "
-                         f"prepare into a folder of its own (--out {data_dir}_{recipe.get('tokenizer') or 'new'}), or delete "
-                         f"{data_dir} first")
+                         f"{elsewhere}")
 
 
 def prepare(name="pydocs", out=None, tokenizer=None, shards=None, inputs=None, url=None,

@@ -170,9 +170,9 @@ if device_type == "cuda":
     allow_tf32()  # float32 matmuls on tensor cores
 ctx = autocast(device, dtype)
 out_dir = Path(out_dir)
-if init_from != "resume" and ckpt_path.exists():
+if init_from != "resume" and ckpt_path.exists() and (not eval_only or init_from == "scratch"):
     # a new run would replace it at its first save (and its log at once): never another run's work silently;
-    # and eval_only from another model beside it would score that model, not the checkpoint it names
+    # and eval_only from scratch beside it would score a fresh model, not the checkpoint there
     die(f"{ckpt_path} holds an earlier run: {'evaluate' if eval_only else 'continue'} it with --init_from=resume, or "
         f"{'evaluate' if eval_only else 'train'} into another out_dir (or delete {out_dir} first)")
 if master:

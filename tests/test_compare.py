@@ -460,17 +460,18 @@ def test_finished_runs_are_not_rerun(tmp_path, capsys):
 def test_a_finished_run_whose_config_file_changed_is_refused(tmp_path, capsys):
     """train_args.json names the config file, not what it says: a finished run whose log records another
     value of a setting the file now gives is refused (it would be mixed with runs of the new value), with
-    advice that works under --publish too (the published copy would come back); device and dtype are
-    recorded resolved (auto -> cpu), so they are not compared."""
+    advice that works under --publish too (the published copy would come back); device, dtype and
+    vocab_size=0 are recorded resolved (auto -> cpu, 0 -> the data's), so they are not compared."""
     cfg = tmp_path / "cfg.py"
-    cfg.write_text("learning_rate = 1e-3\nbeta1 = 0.9\ndevice = 'auto'\n")
+    cfg.write_text("learning_rate = 1e-3\nbeta1 = 0.9\ndevice = 'auto'\nvocab_size = 0\n")
     runs, publish = tmp_path / "compare" / "runs", tmp_path / "published"
-    for seed in (0, 1):
-        write_log(runs / "standard" / f"seed{seed}", [3.0, 2.0], config=dict(learning_rate=1e-3, beta1=0.9, device="cpu"))
+    for seed in (0, 1):  # vocab_size 0 is "from the data": a run started from a checkpoint records the model's
+        write_log(runs / "standard" / f"seed{seed}", [3.0, 2.0],
+                  config=dict(learning_rate=1e-3, beta1=0.9, device="cpu", vocab_size=64))
     command = [str(cfg), f"--out_dir={tmp_path}", "--seeds=2", "--runs=standard", f"--publish={publish}"]
     compare.main(command)
     assert "2 done, 0 to train" in capsys.readouterr().out
-    cfg.write_text("learning_rate = 3e-2\nbeta1 = 0.9\ndevice = 'auto'\n")
+    cfg.write_text("learning_rate = 3e-2\nbeta1 = 0.9\ndevice = 'auto'\nvocab_size = 0\n")
     with pytest.raises(ValueError) as e:
         compare.main(command)
     seed0 = runs / "standard" / "seed0"

@@ -213,36 +213,44 @@ def test_long_contexts_lose_their_beginning_and_long_continuations_go_in_pieces(
 
 def test_generation_is_greedy_with_the_cache_and_stops():
     """generate_until: the model's greedy tokens (as generate without the key-value cache makes them),
-    cut at the first stop sequence; at most max_gen_toks tokens (or max_new_tokens, a name the harness
-    also reads); a long prompt keeps its last block_size tokens whatever the limit (the 256-token
-    default too), and the window slides."""
+    cut at the first stop sequence (a list, a string or a tuple of them); at most max_gen_toks tokens (or
+    max_new_tokens, a name the harness also reads). A long prompt keeps its last block_size - max_gen_toks
+    tokens, as the harness's Hugging Face model cuts it, but at least half the window: with the
+    256-token default at block_size 32, 16 (the window then slides)."""
     model = tiny_model("rd")
     lm = harness_lm(model)
     prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
-    kept = list(prompt.encode())[-32:]
-    ref = model.generate(torch.tensor([kept]), 12, temperature=0, use_cache=False)[0, len(kept):].tolist()
-    text = bytes(ref).decode("utf-8", errors="replace")
-    assert lm.generate(prompt, {"max_gen_toks": 12}) == text
-    assert lm.generate(prompt, {"max_new_tokens": 12}) == text
+
+    def greedy(kept, n):
+        tokens = model.generate(torch.tensor([kept]), n, temperature=0, use_cache=False)[0, len(kept):].tolist()
+        return bytes(tokens).decode("utf-8", errors="replace")
+
+    text = greedy(list(prompt.encode())[-(32 - 12):], 12)  # room for the 12 new tokens in the window
+    assert lm.generate(prompt, {"max_gen_toks": 12}) == lm.generate(prompt, {"max_new_tokens": 12}) == text
     stop = text[5:7]
     got = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": [stop, "never"], "max_gen_toks": 12}), 0),
-                             Instance("generate_until", {}, (prompt, {"until": stop}), 1)], disable_tqdm=True)
+                             Instance("generate_until", {}, (prompt, {"until": (stop,), "max_gen_toks": 12}), 1)],
+                            disable_tqdm=True)
     assert got == [text[:text.index(stop)]] * 2
-    short = "Q: hi\nA:"  # a prompt that leaves the window room: one-token steps with the cache, the same tokens
-    ref = model.generate(torch.tensor([list(short.encode())]), 40, temperature=0, use_cache=False)[0, len(short):].tolist()
-    assert lm.generate(short, {"max_gen_toks": 40}) == bytes(ref).decode("utf-8", errors="replace")
+    text = greedy(list(prompt.encode())[-16:], 40)  # the default limit: half the window for the prompt
+    stop = text[30:32]
+    assert lm.generate(prompt, {"until": stop}) == text[:text.index(stop)]
 
 
 def test_generation_samples_where_the_task_asks():
-    """do_sample with a temperature: the model's sampled tokens at that temperature (the same generator state)."""
+    """do_sample: the model's sampled tokens at the task's temperature, or 1 where it names none (the
+    same generator state)."""
     model = tiny_model("rd")
     prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
-    torch.manual_seed(0)
-    got = harness_lm(model).generate(prompt, {"do_sample": True, "temperature": 2.0, "max_gen_toks": 12})
-    torch.manual_seed(0)
-    ref = model.generate(torch.tensor([list(prompt.encode())[-32:]]), 12, temperature=2.0, use_cache=False)[0, 32:].tolist()
+    kept = torch.tensor([list(prompt.encode())[-(32 - 12):]])
     greedy = harness_lm(model).generate(prompt, {"max_gen_toks": 12})
-    assert got == bytes(ref).decode("utf-8", errors="replace") != greedy
+    for temperature in (2.0, None):
+        torch.manual_seed(0)
+        options = {"do_sample": True, "max_gen_toks": 12, **({"temperature": temperature} if temperature else {})}
+        got = harness_lm(model).generate(prompt, options)
+        torch.manual_seed(0)
+        ref = model.generate(kept, 12, temperature=temperature or 1.0, use_cache=False)[0, kept.size(1):].tolist()
+        assert got == bytes(ref).decode("utf-8", errors="replace") != greedy
 
 
 # -----------------------------------------------------------------------------

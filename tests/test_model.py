@@ -91,8 +91,9 @@ def test_zero_queries_default_eps_bound():
 
 def test_which_conversions_keep_the_function():
     """checkpoint.converts_exactly: a standard checkpoint in any mode, attnres as rd at its granularity (with
-    a value route of its own, not a fixed one), any mode as itself (res_blocks = 2L being res_blocks = 0);
-    nothing else."""
+    a value route of its own, not a fixed one), any mode as itself (res_blocks = 2L being res_blocks = 0),
+    low-rank linears with the same activation and DLR; nothing else. Missing settings (GPT-2's) are the
+    defaults."""
     def args(residual, res_blocks=0):
         return dict(residual=residual.removesuffix("_fixedv"), res_blocks=res_blocks, n_layer=3,
                     fixed_value_route=residual.endswith("_fixedv"))
@@ -103,6 +104,11 @@ def test_which_conversions_keep_the_function():
                (args("rd_fixedv", 2), args("rd"))]
     # rd's own w_v loads as it was, fixed or not
     exact += [(args("standard"), args("rd_fixedv")), (args("rd_fixedv"), args("rd")), (args("rd"), args("rd_fixedv"))]
+    lowrank = dict(lowrank_rank=8, lowrank_act="silu", dlr=False, dlr_alpha=1.0)
+    exact += [({**args("standard"), **lowrank}, {**args("rd"), **lowrank}), (dict(n_layer=3), args("delta"))]  # GPT-2's args
+    changed += [({**args("standard"), **lowrank, **source}, {**args("standard"), **lowrank, **target}) for source, target in
+                ((dict(), dict(dlr=True)), (dict(dlr=True), dict(dlr=True, dlr_alpha=0.5)), (dict(), dict(lowrank_act="identity")))]
+    exact += [({**args("standard"), **lowrank}, {**args("standard"), **lowrank, "dlr_alpha": 0.5})]  # no DLR: no scale
     assert all(converts_exactly(*pair) for pair in exact) and not any(converts_exactly(*pair) for pair in changed)
     fixed = make_model(residual="rd", fixed_value_route=True)  # its value route stays uniform: w_v is not taken from w_qk
     attnres = make_model(residual="attnres")

@@ -298,6 +298,21 @@ def test_another_tokenizer_never_replaces_a_prepared_dataset(tmp_path, shakespea
     assert load_meta(gpt2)["tokenizer"] == "gpt2"
 
 
+def test_a_dataset_made_by_hand_is_never_replaced(tmp_path):
+    """A complete dataset whose meta.json names no recipe (shards and meta.json written by hand, under the
+    names prepare.py would use) is not prepare.py's to replace."""
+    data_dir = tmp_path / "t"
+    write_shard(data_dir / "text_train_000000.bin", np.arange(100))
+    write_shard(data_dir / "text_val_000000.bin", np.arange(10))
+    write_meta(data_dir, dict(tokenizer="bytes", vocab_size=256, train_tokens=100, val_tokens=10,
+                              train_files=["text_train_000000.bin"], val_files=["text_val_000000.bin"]))
+    before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
+    (tmp_path / "a.txt").write_text("some text\n" * 50)
+    with pytest.raises(ValueError, match="holds a complete dataset that prepare.py did not make"):
+        prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=data_dir, quiet=True)
+    assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before
+
+
 def test_download_url_from_the_environment(tmp_path, shakespeare_server, monkeypatch):
     monkeypatch.setenv(prepare.URL_ENV, shakespeare_server.url)
     prepare.prepare("shakespeare", out=tmp_path / "s", quiet=True)

@@ -8,6 +8,7 @@ on the CPU with one thread per process.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,6 +216,8 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     assert f"{tmp_path / 'ckpt.pt'} holds an earlier run: evaluate it with --init_from=resume" in result.stderr
     result = train(*common, "--init_from=resume", "--eval_only=True", cwd=tmp_path)
     assert "val loss" in result.stdout
+    shutil.copyfile(tmp_path / "ckpt.pt", tmp_path / "other.pt")  # another checkpoint, evaluated beside it
+    assert "val loss" in train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", cwd=tmp_path).stdout
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
 
 
