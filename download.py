@@ -7,7 +7,8 @@ The bytes stream into dest + ".part" with a progress line on stderr. A dropped
 connection is resumed with an HTTP Range request (or restarted, if the server ignores
 Range), asked If-Range the file is still the one the part began (by the ETag or
 Last-Modified it came with, kept in dest + ".part.validator"): a file changed on the
-server in between is fetched whole, never stitched from two versions. Timeouts, dropped connections and 5xx answers are retried with exponential
+server in between is fetched whole, never stitched from two versions. Timeouts,
+dropped connections and 5xx answers are retried with exponential
 backoff; 4xx answers fail at once. Only when the file has the length the server
 announced is it renamed (durably: common.durable_replace) to dest. Where the server
 publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
@@ -118,6 +119,10 @@ class _Progress:
         print(text.ljust(79) if end == "\r" else text, end=end, file=sys.stderr, flush=True)  # pad over a longer line
 
 
+def _validator_file(part):
+    return part.with_name(part.name + ".validator")
+
+
 def _validator(response):
     """What identifies this version of the file for If-Range: a strong ETag, else Last-Modified, else None
     (a weak ETag, W/"...", may not be used for ranges)."""
@@ -129,7 +134,7 @@ def _attempt(url, part, timeout, desc, quiet):
     """One GET that appends to part (resuming it if it has bytes); raises _Retry if part is not complete
     after it. Returns the sha256 the server published for the file, or None."""
     have = part.stat().st_size if part.exists() else 0
-    validator = part.with_name(part.name + ".validator")
+    validator = _validator_file(part)
     # identity: a gzip-encoded body would not match Content-Length, nor resume by byte offset
     headers = {"Accept-Encoding": "identity"}
     if have:
@@ -161,8 +166,9 @@ def _attempt(url, part, timeout, desc, quiet):
                 have, mode = 0, "wb"
                 length = r.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None
-                if _validator(r):
-                    write_atomic(validator, lambda f: f.write(_validator(r).encode()))
+                version = _validator(r)
+                if version:
+                    write_atomic(validator, lambda f: f.write(version.encode()))
                 else:
                     validator.unlink(missing_ok=True)
             progress = _Progress(desc, have, total, quiet)
@@ -250,5 +256,5 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
     else:
         record.unlink(missing_ok=True)
     durable_replace(part, dest)
-    part.with_name(part.name + ".validator").unlink(missing_ok=True)
+    _validator_file(part).unlink(missing_ok=True)
     return dest

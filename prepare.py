@@ -219,7 +219,7 @@ def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
         for arrived in (file + ".sha256", file):  # its record first: a shard in the dataset never lacks its own
             if (incoming / arrived).exists():
                 durable_replace(incoming / arrived, data_dir / arrived)
-    if incoming.is_dir() and not any(incoming.iterdir()):  # else an earlier, longer run's shards wait there
+    if not any(incoming.iterdir()):  # else an earlier, longer run's shards wait there
         incoming.rmdir()
     extra = len(find_shards(data_dir, "train")) - shards
     if extra > 0:

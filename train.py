@@ -310,14 +310,14 @@ try:
     torch.manual_seed(seed)  # right before building: the same seed gives the same backbone in every mode
     raw_model = GPT(GPTConfig.from_dict(model_args))  # pseudo-queries start at zero and draw no random numbers
     if state is not None:
-        missing, _ = load_state_into(raw_model, state)  # a missing pseudo-query stays zero: the same function
+        missing, _ = load_state_into(raw_model, state)  # pseudo-queries it lacks start where the function is kept
         if missing and master:
             print(f"converted {init_from} into {raw_model.config.residual}: {len(missing)} pseudo-queries start at zero")
-        target = raw_model.config
-        if init_from != "resume" and not converts_exactly(source_args, asdict(target)) and master:
-            print(f"note: {init_from} is {source_args['residual']} with res_blocks={source_args.get('res_blocks', 0)}; as "
-                  f"{target.residual} with res_blocks={target.res_blocks} it computes another function (only a standard "
-                  "checkpoint, or attnres into rd, converts exactly), so training starts from a changed model")
+        if init_from != "resume" and not converts_exactly(source_args, asdict(raw_model.config)) and master:
+            print(f"note: {init_from} ({source_args['residual']}, res_blocks={source_args.get('res_blocks', 0)}) loaded as "
+                  f"this model ({raw_model.config.residual}, res_blocks={raw_model.config.res_blocks}, and its linears) computes "
+                  "another function: training starts from a changed model (README, \"Exact equivalences\", lists the "
+                  "conversions that keep it)")
 except ValueError as e:  # a bad model key, or a checkpoint of another shape
     die(e)
 if init_from not in ("scratch", "resume"):  # the log, wandb and the checkpoint name the model trained, not train.py's defaults
