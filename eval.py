@@ -179,7 +179,7 @@ class HarnessLM(TemplateLM):
     @torch.no_grad()
     def generate(self, context, gen_kwargs):
         """The continuation of context, greedy unless the task samples (do_sample, at its temperature, 1 if
-        it names none; top_p and top_k are not applied), up to the first of the task's stop sequences (or
+        it names none, and its top_k and top_p where it names them), up to the first of the task's stop sequences (or
         the end of text token), at most max_gen_toks tokens (or the limit under another of the names the
         harness reads, 256 where the task sets none).
         The context keeps its last block_size - max_gen_toks tokens, as the harness's Hugging Face model
@@ -196,7 +196,8 @@ class HarnessLM(TemplateLM):
         new = []
         with self.ctx:
             for token in self.model.generate_tokens(torch.tensor([ids], device=self.device), kwargs["max_gen_toks"],
-                                                    temperature=temperature, vocab_size=self.tok.vocab_size):
+                                                    temperature=temperature, top_k=kwargs.get("top_k"),
+                                                    top_p=kwargs.get("top_p"), vocab_size=self.tok.vocab_size):
                 if token.item() == self.tok.eot:
                     break
                 new.append(token.item())

@@ -730,10 +730,11 @@ class GPT(nn.Module):
         return step
 
     @torch.no_grad()
-    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab_size=None,
-                        decode_step=None):
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+                        vocab_size=None, decode_step=None):
         """Continue idx (b, t), yielding each new token (b, 1) as soon as it is chosen (sample.py
-        streams them). temperature=0 is greedy decoding. With the key-value cache each new token
+        streams them). temperature=0 is greedy decoding; otherwise see choose_next_token for top_k and
+        top_p. With the key-value cache each new token
         costs one one-token forward (decode_step, e.g. compile_decoding(), or the model itself); once
         the context is full the window slides, positions shift, and every step is a full forward over
         the last block_size tokens, as without the cache (a cache would be written and never read). vocab_size: sample only ids below it (a vocabulary padded for speed has
@@ -751,21 +752,42 @@ class GPT(nn.Module):
                 logits, _ = self(idx[:, -block_size:], cache=cache)
                 cached = min(idx.size(1), block_size)
             logits = logits[:, -1, :vocab_size].float()  # float16 logits / a low temperature would overflow to inf
-            if temperature == 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float("inf")
-                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx_next = choose_next_token(logits, temperature, top_k, top_p)
             idx = torch.cat((idx, idx_next), dim=1)
             yield idx_next
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
         """idx (b, t) continued by max_new_tokens tokens, as one tensor (b, t + max_new_tokens)."""
-        new = list(self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache))
+        new = list(self.generate_tokens(idx, max_new_tokens, temperature, top_k, top_p, use_cache))
         return torch.cat([idx, *new], dim=1)
+
+
+def choose_next_token(logits, temperature=1.0, top_k=None, top_p=None):
+    """One token id per row of logits (b, vocab), as (b, 1). temperature=0: the most likely one;
+    otherwise a draw from softmax(logits / temperature) over the tokens keep_likeliest keeps."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = keep_likeliest(logits / temperature, top_k, top_p)
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+
+
+def keep_likeliest(logits, top_k=None, top_p=None):
+    """logits (b, vocab) with -inf outside the top_k most likely tokens and then outside the nucleus:
+    the fewest most likely tokens whose probabilities add up to top_p or more. top_k None or 0, top_p
+    None or 1: every token. The order and the rule are Hugging Face's (its top-k, then its top-p
+    logits warper)."""
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} is not a probability mass: give one above 0 and at most 1 (1 keeps every token)")
+    if top_k:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], -float("inf"))
+    if top_p is not None and top_p < 1:
+        probs, order = F.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is outside the nucleus when the tokens more likely than it already reach top_p
+        # (the most likely token is always in: nothing comes before it)
+        outside = probs.cumsum(dim=-1) - probs >= top_p
+        logits = logits.masked_fill(outside.scatter(-1, order, outside), -float("inf"))  # back to vocabulary order
+    return logits
 
 
 # -----------------------------------------------------------------------------

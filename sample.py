@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top_k", type=int, default=200, help="sample from the k most likely tokens; 0 = all")
+    p.add_argument("--top_p", type=float, default=1.0,
+                   help="then from the fewest most likely tokens whose probabilities add up to p; 1 = all")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto (cuda, mps, then cpu) | cpu | cuda | cuda:N | mps")
     p.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
@@ -52,6 +54,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.temperature < 0 or args.num_samples < 0 or args.max_new_tokens < 0:
         p.error("--temperature, --num_samples and --max_new_tokens must not be negative")
+    if not 0 < args.top_p <= 1:
+        p.error("--top_p is a probability mass: above 0, at most 1 (1 samples from every token)")
     if args.compile and not args.cache:
         p.error("--compile compiles the one-token step over the key-value cache: drop --cache=False")
     try:
@@ -149,7 +153,7 @@ def main(argv=None):
         print(tokenizer.decode(ids), end="", flush=True)
         decoder = StreamDecoder(tokenizer)
         with ctx:
-            for token in model.generate_tokens(x, args.max_new_tokens, args.temperature, top_k,
+            for token in model.generate_tokens(x, args.max_new_tokens, args.temperature, top_k, args.top_p,
                                                args.cache, tokenizer.vocab_size, decode_step):
                 print(decoder.push(token.item()), end="", flush=True)
         print(decoder.flush())

@@ -238,19 +238,20 @@ def test_generation_is_greedy_with_the_cache_and_stops():
 
 
 def test_generation_samples_where_the_task_asks():
-    """do_sample: the model's sampled tokens at the task's temperature, or 1 where it names none (the
-    same generator state)."""
+    """do_sample: the model's sampled tokens at the task's temperature, or 1 where it names none, and
+    its top_k and top_p where it names them (the same generator state)."""
     model = tiny_model("rd")
     prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
     kept = torch.tensor([list(prompt.encode())[-(32 - 12):]])
     greedy = harness_lm(model).generate(prompt, {"max_gen_toks": 12})
-    for temperature in (2.0, None):
+    for temperature, top_k, top_p in ((2.0, None, None), (None, None, None), (2.0, 20, 0.9)):
         torch.manual_seed(0)
-        options = {"do_sample": True, "max_gen_toks": 12, **({"temperature": temperature} if temperature else {})}
+        options = {"do_sample": True, "max_gen_toks": 12, **({"temperature": temperature} if temperature else {}),
+                   **({"top_k": top_k, "top_p": top_p} if top_k else {})}
         got = harness_lm(model).generate(prompt, options)
         torch.manual_seed(0)
-        ref = model.generate(kept, 12, temperature=temperature or 1.0, use_cache=False)[0, kept.size(1):].tolist()
-        assert got == bytes(ref).decode("utf-8", errors="replace") != greedy
+        ref = model.generate(kept, 12, temperature=temperature or 1.0, top_k=top_k, top_p=top_p, use_cache=False)
+        assert got == bytes(ref[0, kept.size(1):].tolist()).decode("utf-8", errors="replace") != greedy
 
 
 # -----------------------------------------------------------------------------

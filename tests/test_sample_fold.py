@@ -25,7 +25,7 @@ import fold
 import sample
 from checkpoint import load_checkpoint, load_model, model_args, save_checkpoint
 from helpers import perturb_norms_and_biases, randomise_queries
-from model import GPT, GPTConfig, LowRankLinear
+from model import GPT, GPTConfig, LowRankLinear, keep_likeliest
 from shards import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,6 +215,38 @@ def test_sampling_skips_padded_vocabulary():
     model = tiny_model(vocab_size=320)
     drawn = torch.cat(list(model.generate_tokens(tokens(b=4, t=4), 60, temperature=2.0, vocab_size=64)), dim=1)
     assert drawn.max().item() < 64 and drawn.unique().numel() > 20
+
+
+def test_top_k_then_top_p_keep_what_hugging_face_keeps():
+    """keep_likeliest against Hugging Face's top-k and top-p logits warpers, applied in generate's order:
+    the same tokens survive (random logits have no ties, where which of two equal tokens is kept is
+    arbitrary), including top_p so small that one token is left and top_k past the vocabulary."""
+    logits_process = pytest.importorskip("transformers.generation.logits_process")
+    gen = torch.Generator().manual_seed(0)
+    for top_k in (None, 1, 3, 50):
+        for top_p in (None, 1e-6, 0.3, 0.9, 1.0):
+            logits = torch.randn(8, 40, generator=gen) * 3
+            ref = logits.clone()
+            if top_k is not None:
+                ref = logits_process.TopKLogitsWarper(top_k)(None, ref)
+            if top_p is not None:
+                ref = logits_process.TopPLogitsWarper(top_p)(None, ref)
+            kept = keep_likeliest(logits, top_k, top_p)
+            assert torch.equal(kept.isinf(), ref.isinf()), (top_k, top_p)
+            assert torch.equal(kept[~kept.isinf()], logits[~kept.isinf()])  # the kept logits are untouched
+    with pytest.raises(ValueError, match="top_p=0 is not a probability mass"):
+        keep_likeliest(logits, top_p=0)
+
+
+def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
+    """A nucleus smaller than the most likely token's probability holds that token alone: sampling at
+    any temperature then writes the greedy text."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd")
+    greedy = run(sample, ["--ckpt", ckpt] + GREEDY, capsys)
+    nucleus = run(sample, ["--ckpt", ckpt] + GREEDY + ["--temperature=1.5", "--top_p=1e-6"], capsys)
+    assert nucleus == greedy and greedy[0] == 0
+    code, _, err = run(sample, ["--ckpt", ckpt, "--top_p=0"], capsys)
+    assert code == 2 and "--top_p is a probability mass" in err
 
 
 def test_cache_flag_gives_the_same_greedy_text(tmp_path, capsys):
