@@ -441,15 +441,37 @@ def check_loss(it, host, arrived):
         arrived.synchronize()
     lossf = host.item()
     if nonfinite.count(lossf):
-        kept = f"the last good checkpoint, {ckpt_path} at iter {saved_iter}, is kept" if saved_iter is not None \
-            else "no checkpoint was saved"
         in_a_row = f" ({nonfinite.in_a_row} iterations in a row)" if nonfinite.limit > 1 else ""
-        log_event(event="error", iter=it, message=f"loss is {lossf}{in_a_row}")
-        die(f"the loss is {lossf} at iter {it}{in_a_row}, stopping; {kept}. Lower learning_rate, or check the data")
+        stop_lost_run(it, f"the loss is {lossf}", in_a_row)
     if not math.isfinite(lossf) and master:
         print(f"iter {it}: the loss is {lossf}; the gradient scaler skips this step "
               f"({nonfinite.in_a_row} in a row, {nonfinite.limit} stop the run)")
     return lossf
+
+
+@torch.no_grad()
+def check_the_last_step(it, losses=None):
+    """Stops the run before the state after iteration it is saved or reported when the last step spoilt the
+    weights (to non-finite or to overflowing values). The loss that shows it is the next iteration's, not
+    computed yet when an evaluation, the end of the run or a stop signal comes right after the step (in
+    float16 the scaler skips such steps). losses: the evaluation's; without them, one forward over the first
+    evaluation batch measures it (a fixed batch and no dropout: no random draw, resuming stays exact)."""
+    if losses is None:
+        model.eval()
+        with ctx:
+            _, loss = model(*get_batch("train", eval_windows["train"][0]))
+        model.train()
+        losses = {"train": loss.item()}
+    lost = {split: loss for split, loss in losses.items() if not math.isfinite(loss)}
+    if lost:
+        stop_lost_run(it, "the loss is " + ", ".join(f"{loss} ({split})" for split, loss in lost.items()))
+
+
+def stop_lost_run(it, what, detail=""):
+    kept = f"the last good checkpoint, {ckpt_path} at iter {saved_iter}, is kept" if saved_iter is not None \
+        else "no checkpoint was saved"
+    log_event(event="error", iter=it, message=f"{what}{detail}")
+    die(f"{what} at iter {it}{detail}, stopping; {kept}. Lower learning_rate, or check the data")
 
 
 if master:
@@ -567,6 +589,8 @@ while True:
             unread = None
         log_bytes = log_size()  # the log as of this checkpoint
         losses = estimate_loss()
+        if iter_num > start_iter:  # (a model loaded as it is, at the start, is not this run's to stop)
+            check_the_last_step(iter_num, losses)
         val_loss = losses["val"]
         first_val = val_loss if first_val is None else first_val
         record = dict(event="eval", iter=iter_num, train_loss=losses["train"], val_loss=val_loss)
@@ -590,6 +614,7 @@ while True:
         break
     if stopping:  # a signal, seen by every rank at the last log line: save (no evaluation: a resume makes it) and stop
         if always_save_checkpoint and iter_num > start_iter and saved_iter != iter_num:
+            check_the_last_step(iter_num)
             save_run(log_size())
         kept = f"{ckpt_path} at iter {saved_iter}" if saved_iter is not None else "no checkpoint"
         log_event(event="stopped", iter=iter_num, signal=stop_signal.name, ckpt=str(ckpt_path) if saved_iter is not None else None)
