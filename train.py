@@ -155,9 +155,16 @@ if compile_sublayers and not compile:
     die("compile_sublayers=True chooses what compile=True compiles: set compile=True as well")
 if gradient_accumulation_steps % world_size:
     die(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the {world_size} ranks")
-for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps"):
-    if config[key] <= 0:
+for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps",
+            "learning_rate"):
+    if not config[key] > 0:  # (not <= 0: nan is refused too)
         die(f"{key}={config[key]} must be positive")
+for key in ("seed", "max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "res_query_lr_mult", "grad_clip"):
+    if not config[key] >= 0:
+        die(f"{key}={config[key]} must not be negative")
+for key in ("beta1", "beta2"):
+    if not 0 <= config[key] < 1:
+        die(f"{key}={config[key]} is one of AdamW's decay rates: give one in [0, 1), e.g. 0.9 or 0.95")
 if wandb_log and master and not eval_only:
     try:
         import wandb  # optional: only a run that logs to wandb needs it

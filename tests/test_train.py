@@ -7,6 +7,7 @@ on the CPU with one thread per process.
 """
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -152,6 +153,27 @@ def test_resume_is_exact(data, tmp_path):
            [e["val_loss"] for e in events(tmp_path / "straight", "eval")]
     assert len(events(tmp_path / "halves", "done")) == 1
     assert [e["iter"] for e in events(tmp_path / "halves", "start") + events(tmp_path / "halves", "resume")] == [0, 4]
+    # the schedule TINY sets (warmup 2, 1e-2 down to 1e-3 at 8), on both sides of the resume
+    warmup = [1e-2 * (it + 1) / 3 for it in range(2)]
+    cosine = [1e-3 + 0.5 * (1 + math.cos(math.pi * (it - 2) / 6)) * 9e-3 for it in range(2, 8)]
+    for run in ("straight", "halves"):
+        assert [e["lr"] for e in events(tmp_path / run, "train")] == pytest.approx(warmup + cosine, rel=1e-12)
+
+
+def test_pseudo_queries_train_at_res_query_lr_mult_times_the_rate(data, tmp_path):
+    """AdamW's first step moves each weight by lr times g / (|g| + eps), i.e. by lr wherever the gradient is
+    not tiny: after one iteration the pseudo-queries, which start at zero, are at most lr x res_query_lr_mult
+    away from it (0 with res_query_lr_mult=0), and every other weight took the same step either way."""
+    lr = 1e-2 / 3  # TINY's first iteration, in warmup
+    states = {}
+    for mult in (0, 3):
+        out = tmp_path / f"mult{mult}"
+        train(*TINY, f"--dataset={data}", f"--out_dir={out}", "--residual=rd", "--max_iters=1", "--eval_interval=1",
+              f"--res_query_lr_mult={mult}", cwd=tmp_path)
+        states[mult] = load_checkpoint(out / "ckpt.pt")["model"]
+        queries = torch.stack([v for k, v in states[mult].items() if "res_query" in k])
+        assert queries.abs().max().item() == pytest.approx(lr * mult, rel=1e-4)
+    assert all(torch.equal(v, states[3][k]) for k, v in states[0].items() if "res_query" not in k)
 
 
 def test_resume_takes_the_runs_own_settings(data, tmp_path):
@@ -466,6 +488,10 @@ def bad_inputs(data, tmp_path):
         "no checkpoint to resume": (["--init_from=resume"], "no checkpoint at"),
         "too short for block_size": (["--block_size=5000"], "hold no window of block_size + 1"),
         "compile_sublayers alone": (["--compile_sublayers=True"], "set compile=True as well"),
+        "negative learning rate": (["--learning_rate=-1e-3"], "learning_rate=-0.001 must be positive"),
+        "negative seed": (["--seed=-1"], "seed=-1 must not be negative"),
+        "negative min_lr": (["--min_lr=-1e-4"], "min_lr=-0.0001 must not be negative"),
+        "beta past 1": (["--beta1=1.5"], "beta1=1.5 is one of AdamW's decay rates"),
     }
 
 
