@@ -25,6 +25,7 @@ from common import (DTYPES, autocast, boolean, die, peak_flops, provenance, reso
 from model import GPT, GPTConfig
 
 PROMPT_TOKENS = 16  # decoding is timed after a prompt of this many tokens, in the cache of block_size positions
+WARMUP_DECODE_TOKENS = 3  # decoded once per row before timing: compiles the decode step (its second call records a CUDA graph)
 
 # row -> the row it is compared with. Rows are run names as in compare.py (common.run_settings), plus
 # 'dense' (standard, the low-rank rows' reference) and 'folded/rank=R' (dlr/rank=R folded for inference)
@@ -111,14 +112,17 @@ def parse_args():
 class SavedTensorBytes:
     """On the CPU there is no allocator peak to read, so training memory is counted as what a step
     holds at its peak: parameters, gradients and AdamW's two moments, plus every tensor autograd
-    saves for the backward pass (each storage counted once)."""
+    saves for the backward pass (each storage counted once, and none that is a parameter's: in float32
+    autograd saves the weights themselves, already counted)."""
 
-    def __init__(self):
+    def __init__(self, parameters):
         self.storages = {}
+        self.counted = {p.untyped_storage().data_ptr() for p in parameters}
 
     def pack(self, t):
         s = t.untyped_storage()
-        self.storages[s.data_ptr()] = s.nbytes()
+        if s.data_ptr() not in self.counted:
+            self.storages[s.data_ptr()] = s.nbytes()
         return t
 
     def __enter__(self):
@@ -211,7 +215,7 @@ class Row:
             self.peak_mem = (state + torch.cuda.max_memory_allocated(dev) - before) / 2 ** 20
             return
         state = sum(p.numel() * p.element_size() for p in self.model.parameters()) * 4  # params, grads, 2 moments
-        with SavedTensorBytes() as saved, self.ctx:
+        with SavedTensorBytes(self.model.parameters()) as saved, self.ctx:
             _, loss = self.model(self.x, self.y)
         loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
@@ -329,9 +333,10 @@ def run(args):
             GPTConfig(**base_config(args), **{k: v for k, v in cfg.items() if k != "fold"})
         except ValueError as e:
             die(f"row {name}: {e}")
-    if PROMPT_TOKENS + args.decode_tokens > args.block_size:
-        die(f"decoding {args.decode_tokens} tokens after a {PROMPT_TOKENS}-token prompt needs block_size >= "
-            f"{PROMPT_TOKENS + args.decode_tokens}: raise --block_size or lower --decode_tokens")
+    decoded = max(WARMUP_DECODE_TOKENS, args.decode_tokens)
+    if PROMPT_TOKENS + decoded > args.block_size:
+        die(f"decoding {decoded} tokens (--decode_tokens, or the warm-up's {WARMUP_DECODE_TOKENS}) after a {PROMPT_TOKENS}-token "
+            f"prompt needs block_size >= {PROMPT_TOKENS + decoded}: raise --block_size or lower --decode_tokens")
     ctx = autocast(args.device, args.dtype)
 
     peak, peak_source = peak_flops(args.device, args.dtype, args.peak_tflops)
@@ -352,7 +357,7 @@ def run(args):
         synchronize(args.device)
         row.compile_s["train"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        row.time_decode(3)  # compiles the decode step; a CUDA graph is recorded at its second call
+        row.time_decode(WARMUP_DECODE_TOKENS)  # compiles the decode step; a CUDA graph is recorded at its second call
         row.compile_s["decode"] = time.perf_counter() - t0
         if args.compile:
             print(f"compiled {row.name}: training step {row.compile_s['train']:.0f} s, "

@@ -138,7 +138,8 @@ def converts_exactly(source_args, target_args):
     """Whether a checkpoint of the model source_args, loaded into target_args (load_state_into), computes the
     same function (README "Exact equivalences"): a standard one in any mode (2), attnres as rd with a
     value route of its own (3), any mode as itself; res_blocks = 2L is per-sublayer routing, res_blocks = 0 (4).
-    Low-rank linears compute the same only with the same activation and DLR (whose scale has no weights)."""
+    Low-rank linears compute the same only with the same activation and DLR (whose scale has no weights),
+    and attention only with the same number of heads (which no weight's shape shows)."""
     def setting(args, key):
         return args.get(key, DEFAULT_ARGS[key])
 
@@ -147,6 +148,8 @@ def converts_exactly(source_args, target_args):
         return setting(args, "residual"), 0 if blocks == 2 * args["n_layer"] else blocks
     linears = ("lowrank_act", "dlr") + (("dlr_alpha",) if setting(target_args, "dlr") else ())
     if setting(target_args, "lowrank_rank") and any(setting(source_args, k) != setting(target_args, k) for k in linears):
+        return False
+    if setting(source_args, "n_head") != setting(target_args, "n_head"):
         return False
     (source, source_blocks), (target, target_blocks) = mode(source_args), mode(target_args)
     attnres_as_rd = (source, target) == ("attnres", "rd") and not setting(target_args, "fixed_value_route")

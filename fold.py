@@ -46,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--check_batch", type=int, default=4, help="sequences in the verification batch")
     p.add_argument("--seed", type=int, default=0, help="seed of the verification batch")
     args = p.parse_args(argv)
+    if args.check_batch < 1:
+        p.error("--check_batch is the number of sequences the fold is checked on: at least 1")
     try:
         args.device = resolve_device(args.device)
     except ValueError as e:

@@ -2,7 +2,8 @@
 Prepare a dataset as token shards in data/<name>/ (llm.c's format, see shards.py).
 
     python prepare.py                                  # pydocs: offline, byte-level
-    python prepare.py shakespeare --tokenizer gpt2     # tiny Shakespeare, downloaded
+    python prepare.py shakespeare                      # tiny Shakespeare, downloaded, bytes
+    python prepare.py shakespeare --tokenizer gpt2 --out data/shakespeare_gpt2   # the same in GPT-2 tokens
     python prepare.py fineweb10B --shards 8            # published GPT-2 FineWeb shards
     python prepare.py text --input notes/ book.txt     # your own .txt files
 

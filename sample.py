@@ -52,8 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--routing", type=boolean, nargs="?", const=True, default=False,
                    help="print the routing table of the prompt before sampling")
     args = p.parse_args(argv)
-    if args.temperature < 0 or args.num_samples < 0 or args.max_new_tokens < 0:
-        p.error("--temperature, --num_samples and --max_new_tokens must not be negative")
+    if not (args.temperature >= 0 and args.num_samples >= 0 and args.max_new_tokens >= 0 and args.top_k >= 0):
+        p.error("--temperature, --num_samples, --max_new_tokens and --top_k must not be negative")
     if not 0 < args.top_p <= 1:
         p.error("--top_p is a probability mass: above 0, at most 1 (1 samples from every token)")
     if args.compile and not args.cache:
@@ -73,6 +73,8 @@ def read_prompt(start, tokenizer, block_size):
             start = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ValueError(f"cannot read the prompt file {path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"the prompt file {path} is not UTF-8 text: save it as UTF-8") from None
     ids = tokenizer.encode(start)
     if not ids:
         if tokenizer.eot is None:

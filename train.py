@@ -322,7 +322,7 @@ try:
             print(f"converted {init_from} into {raw_model.config.residual}: {len(missing)} pseudo-queries start at zero")
         if init_from != "resume" and not converts_exactly(source_args, asdict(raw_model.config)) and master:
             print(f"note: {init_from} ({source_args['residual']}, res_blocks={source_args.get('res_blocks', 0)}) loaded as "
-                  f"this model ({raw_model.config.residual}, res_blocks={raw_model.config.res_blocks}, and its linears) computes "
+                  f"this model ({raw_model.config.residual}, res_blocks={raw_model.config.res_blocks}, its heads and linears) computes "
                   "another function: training starts from a changed model (README, \"Exact equivalences\", lists the "
                   "conversions that keep it)")
 except ValueError as e:  # a bad model key, or a checkpoint of another shape

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--device=cpu", "--threads=1", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
@@ -139,6 +140,17 @@ def test_compile_sublayers_asks_for_compile():
     assert result.returncode == 2 and "--compile_sublayers chooses what --compile compiles: pass --compile as well" in result.stderr
 
 
+def test_saved_tensors_leave_out_the_parameters():
+    """A float32 linear saves its input and its own weight for the backward: only the input is more memory
+    (the weight is counted once, with the gradients and AdamW's moments)."""
+    sys.path.insert(0, str(ROOT))
+    import bench
+    linear, x = torch.nn.Linear(64, 32), torch.randn(10, 64)
+    with bench.SavedTensorBytes(linear.parameters()) as saved:
+        linear(x)
+    assert saved.nbytes == x.numel() * x.element_size()
+
+
 def test_a_size_no_row_can_take_is_a_one_line_error():
     # 3 layers = 6 sublayers: the attnres/res_blocks=4 row cannot split them into 4 blocks
     result = run_bench("--n_layer=3", "--rows=attnres/res_blocks=4")
@@ -149,7 +161,11 @@ def test_a_size_no_row_can_take_is_a_one_line_error():
 def test_decoding_past_the_context_is_a_one_line_error():
     result = run_bench("--block_size=32", "--decode_tokens=17", "--rows=standard")
     assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
-    assert "decoding 17 tokens after a 16-token prompt needs block_size >= 33" in result.stderr
+    assert "decoding 17 tokens (--decode_tokens, or the warm-up's 3) after a 16-token prompt needs block_size >= 33" \
+        in result.stderr
+    result = run_bench("--block_size=18", "--decode_tokens=2", "--rows=standard")  # the warm-up decodes 3
+    assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "needs block_size >= 19" in result.stderr
 
 
 def test_a_row_brings_its_chain_of_references(tmp_path):

@@ -89,6 +89,23 @@ def direct(model, context, continuation, vocab=256):
     return logp.gather(1, target[:, None]).sum().item(), bool((logp.argmax(dim=-1) == target).all())
 
 
+@torch.no_grad()
+def greedy_continuation(model, context, n):
+    """The n tokens that greedy decoding gives after context (context and them within block_size)."""
+    tokens = list(context)
+    for _ in range(n):
+        logits, _ = model(torch.tensor([tokens]))
+        tokens.append(logits[0, -1].argmax().item())
+    return tokens[len(context):]
+
+
+def assert_same_scores(got, want):
+    """Lists of (log-prob, greedy) pairs: log-probs within TOL (see the module docstring), greedy flags equal.
+    Not pytest.approx on the pairs themselves: on a list of tuples it falls back to plain ==, no tolerance."""
+    assert [greedy for _, greedy in got] == [greedy for _, greedy in want]
+    assert [logprob for logprob, _ in got] == pytest.approx([logprob for logprob, _ in want], abs=TOL)
+
+
 def direct_rolling(model, tokens, prefix, vocab=256):
     """log p(text) over the harness's own rolling windows (as its Hugging Face models make them)."""
     windows = map(make_disjoint_window, get_rolling_token_windows(tokens, prefix, model.config.block_size, 1))
@@ -128,11 +145,7 @@ def test_loglikelihoods_equal_a_direct_forward(kind):
         want, want_greedy = direct(model, context, continuation)
         assert logprob == pytest.approx(want, abs=TOL) and greedy == want_greedy
     # a greedy continuation is one: the model's own argmax tokens
-    context, continuation = [1, 2, 3], []
-    for _ in range(4):
-        logits, _ = model(torch.tensor([context + continuation]))
-        continuation.append(logits[0, -1].argmax().item())
-    assert harness_lm(model).score([(context, continuation)])[0][1] is True
+    assert harness_lm(model).score([([1, 2, 3], greedy_continuation(model, [1, 2, 3], 4))])[0][1] is True
 
 
 @pytest.mark.parametrize("kind", ["standard", "rd"])
@@ -182,14 +195,18 @@ def test_a_context_of_spaces_reads_the_prefix_token():
 
 
 def test_batching_and_sorting_change_no_score():
-    """The same requests in batches of 1, 3 and 64, and in reverse order: the same scores, each in its
-    request's place."""
+    """The same requests in batches of 1, 3 and 64, and in reverse order: the same scores (within TOL) and
+    greedy flags, each in its request's place."""
     model = tiny_model("rd")
     pairs = requests(seed=1, n=20)
+    pairs += [(context[-20:], greedy_continuation(model, context[-20:], 5)) for context, _ in pairs[4:6]]
     one = harness_lm(model, batch_size=1).score(pairs)
+    assert [greedy for _, greedy in one] == [False] * 20 + [True] * 2  # both flags, to be kept in place
+    logprobs = sorted(logprob for logprob, _ in one)
+    assert min(b - a for a, b in zip(logprobs, logprobs[1:])) > 2 * TOL  # a score out of its place shows
     for batch_size in (3, 64):
-        assert harness_lm(model, batch_size=batch_size).score(pairs) == pytest.approx(one, abs=TOL)
-    assert harness_lm(model, batch_size=3).score(pairs[::-1]) == pytest.approx(one[::-1], abs=TOL)
+        assert_same_scores(harness_lm(model, batch_size=batch_size).score(pairs), one)
+    assert_same_scores(harness_lm(model, batch_size=3).score(pairs[::-1]), one[::-1])
 
 
 def test_long_contexts_lose_their_beginning_and_long_continuations_go_in_pieces():

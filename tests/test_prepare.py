@@ -23,7 +23,21 @@ from localserver import LocalServer
 import shards
 from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard, write_meta, write_shard
 
-SHAKESPEARE = REPO.parent / "shared/data/tinyshakespeare/input.txt"
+SHAKESPEARE = REPO.parent / "shared/data/tinyshakespeare/input.txt"  # the real one: only nanoGPT's counts need it
+
+
+def play(speeches=1500):
+    """A stand-in for tiny Shakespeare (prepare.py takes any UTF-8 text at that URL): speeches of random words
+    from a fixed seed, some words of 2 and 3 bytes in UTF-8, so that a cut of the characters (nanoGPT's)
+    and a cut of the bytes fall in different places."""
+    rng = np.random.default_rng(3)
+    speakers = ["First Citizen", "MENENIUS", "Cœur-de-Lion", "JULIET", "Æneas"]
+    words = "thou art my lord and I the king of this fair land — ’tis naïve to speak so, good sir".split()
+    return "".join(f"{rng.choice(speakers)}:\n" + " ".join(rng.choice(words, rng.integers(3, 30))) + "\n\n"
+                   for _ in range(speeches))
+
+
+PLAY = play()
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +47,15 @@ def no_mirror_and_no_waiting(monkeypatch):
 
 
 @pytest.fixture
+def play_server():
+    """A local server whose input.txt is PLAY: shakespeare's download and split, on any machine."""
+    with LocalServer({"/input.txt": PLAY.encode()}) as server:
+        yield server
+
+
+@pytest.fixture
 def shakespeare_server():
+    """The real tiny Shakespeare on a local server, for the token counts nanoGPT reports; skipped without it."""
     if not SHAKESPEARE.is_file():
         pytest.skip(f"tiny Shakespeare not found at {SHAKESPEARE}")
     with LocalServer({"/input.txt": SHAKESPEARE}) as server:
@@ -263,17 +285,29 @@ def test_rerun_reuses_valid_output_and_redoes_corrupt_output(tmp_path, capsys):
 # -----------------------------------------------------------------------------
 # shakespeare, downloaded from the local server
 
-def test_shakespeare_bytes_split_like_nanogpt_and_resumed(tmp_path, shakespeare_server):
-    shakespeare_server.cut("/input.txt", after=500_000)
+def test_shakespeare_bytes_split_like_nanogpt_and_resumed(tmp_path, play_server):
+    """A download cut partway resumes; the first 90% of the characters train, the rest val (nanoGPT's split),
+    one token a byte."""
+    data = PLAY.encode()
+    play_server.cut("/input.txt", after=100_000)  # past download.py's first 64 KiB read, which is kept
+    data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", url=play_server.url, quiet=True)
+    assert (data_dir / "input.txt").read_bytes() == data
+    (_, _, first), (_, _, second) = play_server.requests
+    assert first is None and 0 < int(second.removeprefix("bytes=").rstrip("-")) <= 100_000 < len(data)
+    cut = int(len(PLAY) * 0.9)
+    assert len(PLAY[:cut].encode()) != int(len(data) * 0.9)  # PLAY tells the two cuts apart
+    meta = load_meta(data_dir)
+    assert (meta["tokenizer"], meta["vocab_size"]) == ("bytes", 256)
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(PLAY[:cut].encode()), len(PLAY[cut:].encode()))
+    assert bytes(tokens_of(data_dir, "train").astype(np.uint8)).decode() == PLAY[:cut]
+    assert bytes(tokens_of(data_dir, "val").astype(np.uint8)).decode() == PLAY[cut:]
+
+
+def test_shakespeare_bytes_counts_match_nanogpt(tmp_path, shakespeare_server):
     data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", url=shakespeare_server.url, quiet=True)
     assert (data_dir / "input.txt").read_bytes() == SHAKESPEARE.read_bytes()
-    assert shakespeare_server.count("/input.txt") == 2
-    text = SHAKESPEARE.read_text()
-    cut = int(len(text) * 0.9)
     meta = load_meta(data_dir)
-    assert meta["train_tokens"] == len(text[:cut].encode()) == 1_003_854
-    assert meta["val_tokens"] == len(text[cut:].encode()) == 111_540
-    assert bytes(tokens_of(data_dir, "val").astype(np.uint8)).decode() == text[cut:]
+    assert (meta["train_tokens"], meta["val_tokens"]) == (1_003_854, 111_540)
 
 
 def test_shakespeare_gpt2_counts_match_nanogpt(tmp_path, shakespeare_server, gpt2_offline):
@@ -284,18 +318,23 @@ def test_shakespeare_gpt2_counts_match_nanogpt(tmp_path, shakespeare_server, gpt
     assert get_tokenizer("gpt2").decode(tokens_of(data_dir, "train")[:3].tolist()) == "First Citizen:"
 
 
-def test_another_tokenizer_never_replaces_a_prepared_dataset(tmp_path, shakespeare_server, gpt2_offline):
-    """shakespeare in bytes, then --tokenizer gpt2 into the same folder: refused, the bytes dataset (which runs
-    and checkpoints may depend on) as it was; into a folder of its own, prepared."""
-    data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", url=shakespeare_server.url, quiet=True)
+def test_another_tokenizer_never_replaces_a_prepared_dataset(tmp_path, play_server, gpt2_offline):
+    """shakespeare in bytes, then --tokenizer gpt2 into the same folder: refused before anything is fetched, the
+    bytes dataset (which runs and checkpoints may depend on) as it was; into a folder of its own, prepared:
+    GPT-2 tokens of the same split, with no eot inserted."""
+    data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", url=play_server.url, quiet=True)
     before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
     with pytest.raises(ValueError) as e:
-        prepare.prepare("shakespeare", out=data_dir, tokenizer="gpt2", url=shakespeare_server.url, quiet=True)
+        prepare.prepare("shakespeare", out=data_dir, tokenizer="gpt2", url=play_server.url, quiet=True)
     assert str(e.value) == (f"{data_dir} holds a complete dataset with tokenizer bytes, not gpt2: prepare into a folder "
                             f"of its own (--out {data_dir}_gpt2), or delete {data_dir} first")
     assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before
-    gpt2 = prepare.prepare("shakespeare", out=f"{data_dir}_gpt2", tokenizer="gpt2", url=shakespeare_server.url, quiet=True)
-    assert load_meta(gpt2)["tokenizer"] == "gpt2"
+    assert play_server.count("/input.txt") == 1
+    gpt2 = prepare.prepare("shakespeare", out=f"{data_dir}_gpt2", tokenizer="gpt2", url=play_server.url, quiet=True)
+    meta, tok, cut = load_meta(gpt2), get_tokenizer("gpt2"), int(len(PLAY) * 0.9)
+    assert (meta["tokenizer"], meta["vocab_size"], meta["eot"]) == ("gpt2", 50257, 50256)
+    assert tok.decode(tokens_of(gpt2, "train").tolist()) == PLAY[:cut]
+    assert tok.decode(tokens_of(gpt2, "val").tolist()) == PLAY[cut:]
 
 
 def test_a_dataset_made_by_hand_is_never_replaced(tmp_path):
@@ -313,10 +352,11 @@ def test_a_dataset_made_by_hand_is_never_replaced(tmp_path):
     assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before
 
 
-def test_download_url_from_the_environment(tmp_path, shakespeare_server, monkeypatch):
-    monkeypatch.setenv(prepare.URL_ENV, shakespeare_server.url)
-    prepare.prepare("shakespeare", out=tmp_path / "s", quiet=True)
-    assert shakespeare_server.count("/input.txt") == 1
+def test_download_url_from_the_environment(tmp_path, play_server, monkeypatch):
+    monkeypatch.setenv(prepare.URL_ENV, play_server.url)
+    data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", quiet=True)
+    assert play_server.count("/input.txt") == 1
+    assert load_meta(data_dir)["source"] == play_server.url + "/input.txt"
 
 
 # -----------------------------------------------------------------------------
@@ -541,13 +581,13 @@ def test_cli_prepares_pydocs(tmp_path):
     assert "train has" in result.stdout and (tmp_path / "p" / "meta.json").exists()
 
 
-def test_cli_errors_are_one_line(tmp_path, shakespeare_server):
+def test_cli_errors_are_one_line(tmp_path):
     files = fineweb_files(1)
     files["/fineweb_val_000000.bin"] = files["/fineweb_val_000000.bin"][:500]
     (tmp_path / "empty").mkdir()
     with LocalServer(files) as fineweb:
         cases = {
-            "404": (["shakespeare", "--url", shakespeare_server.url + "/nowhere", "--out", tmp_path / "a"], "HTTP 404"),
+            "404": (["shakespeare", "--url", fineweb.url + "/nowhere", "--out", tmp_path / "a"], "HTTP 404"),
             "corrupt": (["fineweb10B", "--url", fineweb.url, "--out", tmp_path / "b"], "fineweb_val_000000.bin"),
             "empty input": (["text", "--input", tmp_path / "empty", "--out", tmp_path / "c"], "no .txt files"),
         }

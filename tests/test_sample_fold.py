@@ -338,6 +338,18 @@ def test_unknown_tokenizer_is_one_line(tmp_path, capsys):
     assert code == 1 and err.startswith("error: unknown tokenizer 'klingon'") and err.count("\n") == 1
 
 
+def test_bad_options_and_prompt_files_are_one_line(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt")
+    for option in ("--temperature=nan", "--top_k=-3", "--num_samples=-1"):
+        code, _, err = run(sample, ["--ckpt", ckpt, option], capsys)
+        assert code == 2 and "must not be negative" in err, option
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    code, _, err = run(sample, ["--ckpt", ckpt, f"--start=FILE:{tmp_path / 'latin1.txt'}"], capsys)
+    assert code == 1 and err == f"error: the prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text: save it as UTF-8\n"
+    code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt", "--check_batch=0"], capsys)
+    assert code == 2 and "--check_batch is the number of sequences the fold is checked on: at least 1" in err
+
+
 def test_long_prompt_is_cropped_with_a_note(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="delta")
     prompt = tmp_path / "prompt.txt"

@@ -407,7 +407,7 @@ def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
     assert "note" not in result.stdout
     result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'delta2'}", f"--init_from={attnres}",
                    "--residual=delta", "--res_blocks=2", "--max_iters=0", cwd=tmp_path)
-    assert (f"note: {attnres} (attnres, res_blocks=2) loaded as this model (delta, res_blocks=2, and its linears) "
+    assert (f"note: {attnres} (attnres, res_blocks=2) loaded as this model (delta, res_blocks=2, its heads and linears) "
             "computes another function" in result.stdout)
     out = tmp_path / "as_is"  # no mode set: the source's own, standard, which the log and the checkpoint name (not delta)
     train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", "--max_iters=0", cwd=tmp_path)
