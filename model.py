@@ -563,7 +563,7 @@ class GPT(nn.Module):
         route_kernels.fused_route on a GPU, with its sources in bfloat16 under bfloat16 autocast (half the
         bytes of every routing pass; docs/speed.md, "On a GPU", measures what it buys and what it costs
         in loss); None, None: the plain route, sources in the embedding's dtype."""
-        if self.fused_route not in ("auto", True, False):
+        if not (self.fused_route == "auto" or isinstance(self.fused_route, bool)):  # (1 == True: not a bool)
             raise ValueError(f"fused_route={self.fused_route!r}: use 'auto', True or False")
         if not (self.fused_route is True or (self.fused_route == "auto" and device.type == "cuda" and TRITON_INSTALLED)):
             return None, None

@@ -91,7 +91,13 @@ def available(device):
         return False
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    return device.type == "cpu" and interpreted()
+
+
+def interpreted():
+    """Whether the kernels run in Triton's interpreter: Triton reads TRITON_INTERPRET as each kernel is
+    defined, when this module is imported, not as it runs; set later, it changes nothing."""
+    return HAVE_TRITON and not isinstance(_route_fwd_kernel, triton.runtime.jit.JITFunction)
 
 
 def why_unavailable(device):
@@ -105,7 +111,7 @@ def why_unavailable(device):
         major, minor = torch.cuda.get_device_capability(device)
         return (f"{torch.cuda.get_device_name(device)} has compute capability {major}.{minor}, and Triton compiles "
                 f"for {'.'.join(map(str, MIN_CAPABILITY))} and newer: use the plain route (fused_route=False)")
-    return (f"Triton runs on CUDA GPUs, and on the CPU only in its interpreter (TRITON_INTERPRET=1 before triton "
+    return (f"Triton runs on CUDA GPUs, and on the CPU only in its interpreter (TRITON_INTERPRET=1 before route_kernels "
             f"is imported); on {device} use the plain route (fused_route=False)")
 
 
@@ -343,17 +349,29 @@ def _backward(grads_out, mixes, lse, queries, sources):
 # -----------------------------------------------------------------------------
 # The custom ops: one graph node per route (or pair of routes) for torch.compile, and autograd around it
 
+def _check_op_inputs(queries, sources):
+    """The op's own checks (fused_route's are friendlier): the kernels would read past a narrower query,
+    and write the mixes of the first two queries only."""
+    if not sources or any(s.shape != sources[0].shape or s.dtype != sources[0].dtype for s in sources):
+        raise ValueError("nanoattnres::route takes one or more sources of one shape and dtype")
+    if queries.dim() != 2 or queries.size(0) not in (1, 2) or queries.size(1) != sources[0].size(-1):
+        raise ValueError(f"nanoattnres::route takes 1 or 2 queries as wide as the sources ({sources[0].size(-1)}), "
+                         f"not {tuple(queries.shape)}")
+
+
 @torch.library.custom_op("nanoattnres::route", mutates_args=())
 def _route_op(queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """([mix per query], lse [queries, ...]): the routes of queries [1 or 2, d] over the same sources, and
     their per-token log-sum-exps, kept for the backward."""
     if not HAVE_TRITON:
         raise RuntimeError("nanoattnres::route needs triton (pip install triton)")
+    _check_op_inputs(queries, sources)
     return _forward(queries, sources)
 
 
 @_route_op.register_fake
 def _(queries, sources):
+    _check_op_inputs(queries, sources)
     s0 = sources[0]
     return [_empty_rows(s0) for _ in queries], s0.new_empty(len(queries), *s0.shape[:-1], dtype=torch.float32)
 
@@ -674,7 +692,7 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
       wraps past 2^31 elements: at N d >= 2^31 (2.8M tokens at d = 768) a wrong address, on a GPU only.
     sass_dir: also write the machine code there, one file per variant, to read where loads and barriers fall."""
     import re
-    if not isinstance(_route_fwd_kernel, triton.runtime.jit.JITFunction):
+    if interpreted():
         raise RuntimeError("compiling for a GPU needs Triton's compiler, not its interpreter: unset TRITON_INTERPRET")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

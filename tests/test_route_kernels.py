@@ -385,9 +385,32 @@ def test_fused_route_where_it_cannot_run_is_a_clear_error(monkeypatch):
     model.fused_route = True
     with pytest.raises(RuntimeError, match="fused_route=True on"):
         model(tokens()[0])
-    model.fused_route = "yes"
-    with pytest.raises(ValueError, match="use 'auto', True or False"):
-        model(tokens()[0])
+    for value in ("yes", 1, 1.0):  # (1 == True, but it is not the bool that asks for the fused route)
+        model.fused_route = value
+        with pytest.raises(ValueError, match="use 'auto', True or False"):
+            model(tokens()[0])
+
+
+def test_the_op_refuses_what_its_kernels_cannot_compute():
+    """The registered op checks its own inputs, as fused_route does: a third query would get no mix (the
+    kernels write two) and a narrower query would be read past its end; sources must match."""
+    sources = [torch.randn(2, 5, 8) for _ in range(3)]
+    for queries in (torch.randn(3, 8), torch.randn(1, 6), torch.randn(8)):
+        with pytest.raises(ValueError, match="takes 1 or 2 queries as wide as the sources"):
+            torch.ops.nanoattnres.route(queries, sources)
+    with pytest.raises(ValueError, match="one or more sources of one shape and dtype"):
+        torch.ops.nanoattnres.route(torch.randn(1, 8), [*sources, torch.randn(2, 4, 8)])
+
+
+def test_the_interpreter_is_what_the_kernels_were_made_with():
+    """Triton reads TRITON_INTERPRET as each kernel is defined: set after route_kernels is imported it changes
+    nothing, so available("cpu") must not say yes then (the forward would fail looking for a GPU driver)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = ("import os, route_kernels as k; os.environ['TRITON_INTERPRET'] = '1'; "
+              "print(k.available('cpu'), k.interpreted())")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["False", "False"], run.stderr[-2000:]
+    assert kernels.available("cpu") and kernels.interpreted()  # these tests: set before the import (conftest.py)
 
 
 def test_auto_falls_back_to_the_plain_route_with_a_warning(monkeypatch):
