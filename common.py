@@ -56,7 +56,7 @@ def boolean(s):
 def write_atomic(path, write):
     """Call write(f) on a temporary file next to path, then durable_replace it onto path: an interrupted
     run or a power cut leaves the old file or the new one under path, never part of one. A failure
-    removes the temporary file. Checkpoints, shards and meta.json are all written this way."""
+    removes the temporary file (a process killed outright cannot: its .NAME.tmpPID stays, unread). Checkpoints, shards and meta.json are all written this way."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -183,7 +183,8 @@ class KVCache:
         unwritten; None for a prompt into an empty cache), computed once here for every layer."""
         eager = not torch.compiler.is_compiling()
         # Reading the position is free on a CPU, but on a GPU it waits for the GPU: a one-token step there
-        # does not read it (a caller writing past the end then meets wpe's index error, not this one)
+        # does not read it: a caller writing past the end there meets no clear error but a device-side index
+        # assert in wpe, which ends the CUDA context (generate_tokens never does: it counts its positions)
         written = int(self.position) if eager and (t > 1 or self.position.device.type == "cpu") else None
         if written is not None and written + t > self.max_len:
             raise ValueError(f"the cache holds {self.max_len} positions, {written} are written: no room for {t} more "
