@@ -111,7 +111,7 @@ def parse_args():
 
 class SavedTensorBytes:
     """On the CPU there is no allocator peak to read, so training memory is counted as what a step
-    holds at its peak: parameters, gradients and AdamW's two moments, plus every tensor autograd
+    holds at its peak: parameters, gradients and AdamW's two moments, buffers, plus every tensor autograd
     saves for the backward pass (each storage counted once, and none that is a parameter's: in float32
     autograd saves the weights themselves, already counted)."""
 
@@ -214,7 +214,8 @@ class Row:
             synchronize(dev)
             self.peak_mem = (state + torch.cuda.max_memory_allocated(dev) - before) / 2 ** 20
             return
-        state = sum(p.numel() * p.element_size() for p in self.model.parameters()) * 4  # params, grads, 2 moments
+        state = (sum(p.numel() * p.element_size() for p in self.model.parameters()) * 4  # params, grads, 2 moments
+                 + sum(b.numel() * b.element_size() for b in self.model.buffers()))  # (DLR's R), as on a GPU
         with SavedTensorBytes(self.model.parameters()) as saved, self.ctx:
             _, loss = self.model(self.x, self.y)
         loss.backward()
@@ -375,7 +376,8 @@ def run(args):
         for row in bench:
             t = min(row.times[phase])  # the fastest round: other load only ever adds time
             ref_t = min(by_name[row.reference].times[phase])
-            flops = row.model.flops_per_token() * (1 if phase == "train" else 1 / 3)  # decode: forward only
+            # decode: the forward only, and attention counted over block_size positions, not the written ones
+            flops = row.model.flops_per_token() * (1 if phase == "train" else 1 / 3)
             tok_s = tokens_per_step[phase] / t
             results.append({"name": row.name, "phase": phase, "tokens_per_s": tok_s, "ratio": ref_t / t,
                             "reference": row.reference, "peak_mem_mb": row.peak_mem, "mfu": flops * tok_s / peak,

@@ -48,7 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--cache", type=boolean, nargs="?", const=True, default=True,
                    help="use the key-value cache (--cache=False: a full forward per token, for comparison)")
     p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False,
-                   help="torch.compile the one-token step (one graph for every position; a CUDA graph on a GPU)")
+                   help="torch.compile the one-token step (one graph for every position; a CUDA graph on a GPU). "
+                        "For a GPU: on a CPU it decodes slower than eager (docs/speed.md)")
     p.add_argument("--routing", type=boolean, nargs="?", const=True, default=False,
                    help="print the routing table of the prompt before sampling")
     args = p.parse_args(argv)

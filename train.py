@@ -458,8 +458,8 @@ def check_loss(it, host, arrived):
 
 @torch.no_grad()
 def check_the_last_step(it, losses=None):
-    """Stops the run before the state after iteration it is saved or reported when the last step spoilt the
-    weights (to non-finite or to overflowing values). The loss that shows it is the next iteration's, not
+    """Stops the run before the state at iteration `it` is saved or reported, when the step that led to it
+    spoilt the weights (to non-finite or to overflowing values). The loss that shows it is the next iteration's, not
     computed yet when an evaluation, the end of the run or a stop signal comes right after the step (in
     float16 the scaler skips such steps). losses: the evaluation's; without them, one forward over the first
     evaluation batch measures it (a fixed batch and no dropout: no random draw, resuming stays exact)."""
