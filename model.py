@@ -774,19 +774,20 @@ def choose_next_token(logits, temperature=1.0, top_k=None, top_p=None):
 
 def keep_likeliest(logits, top_k=None, top_p=None):
     """logits (b, vocab) with -inf outside the top_k most likely tokens and then outside the nucleus:
-    the fewest most likely tokens whose probabilities add up to top_p or more. top_k None or 0, top_p
-    None or 1: every token. The order and the rule are Hugging Face's (its top-k, then its top-p
-    logits warper)."""
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} is not a probability mass: give one above 0 and at most 1 (1 keeps every token)")
+    the fewest most likely tokens whose probabilities add up to top_p or more, and never fewer than one
+    (top_p=0: the most likely token alone). top_k None or 0, top_p None or 1: every token. The order and
+    the rule are Hugging Face's (its top-k, then its top-p logits warper)."""
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise ValueError(f"top_p={top_p} is not a probability mass: give one from 0 to 1 (1 keeps every token)")
     if top_k:
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits = logits.masked_fill(logits < v[:, [-1]], -float("inf"))
     if top_p is not None and top_p < 1:
         probs, order = F.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is outside the nucleus when the tokens more likely than it already reach top_p
-        # (the most likely token is always in: nothing comes before it)
+        # a token is outside the nucleus when the tokens more likely than it already reach top_p;
+        # the most likely token is always in
         outside = probs.cumsum(dim=-1) - probs >= top_p
+        outside[:, 0] = False
         logits = logits.masked_fill(outside.scatter(-1, order, outside), -float("inf"))  # back to vocabulary order
     return logits
 

@@ -85,7 +85,7 @@ MIN_CAPABILITY = (7, 0)  # Triton compiles for Volta and newer; a P100 (6.0), sa
 
 def available(device):
     """Whether fused_route can run on `device`: Triton on a CUDA GPU it compiles for, or Triton's interpreter
-    on the CPU (TRITON_INTERPRET=1, set before triton is imported)."""
+    on the CPU (TRITON_INTERPRET=1, set before this module is imported: see interpreted)."""
     device = torch.device(device)
     if not HAVE_TRITON:
         return False

@@ -49,14 +49,14 @@ def parse_args(argv=None):
                    help="use the key-value cache (--cache=False: a full forward per token, for comparison)")
     p.add_argument("--compile", type=boolean, nargs="?", const=True, default=False,
                    help="torch.compile the one-token step (one graph for every position; a CUDA graph on a GPU). "
-                        "For a GPU: on a CPU it decodes slower than eager (docs/speed.md)")
+                        "For a GPU: on a CPU it is no faster than eager, and slower in standard mode (docs/speed.md)")
     p.add_argument("--routing", type=boolean, nargs="?", const=True, default=False,
                    help="print the routing table of the prompt before sampling")
     args = p.parse_args(argv)
     if not (args.temperature >= 0 and args.num_samples >= 0 and args.max_new_tokens >= 0 and args.top_k >= 0):
-        p.error("--temperature, --num_samples, --max_new_tokens and --top_k must not be negative")
-    if not 0 < args.top_p <= 1:
-        p.error("--top_p is a probability mass: above 0, at most 1 (1 samples from every token)")
+        p.error("--temperature, --num_samples, --max_new_tokens and --top_k must be 0 or more")
+    if not 0 <= args.top_p <= 1:
+        p.error("--top_p is a probability mass, from 0 (the most likely token) to 1 (every token)")
     if args.compile and not args.cache:
         p.error("--compile compiles the one-token step over the key-value cache: drop --cache=False")
     try:

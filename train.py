@@ -155,11 +155,11 @@ if compile_sublayers and not compile:
     die("compile_sublayers=True chooses what compile=True compiles: set compile=True as well")
 if gradient_accumulation_steps % world_size:
     die(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the {world_size} ranks")
-for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps",
-            "learning_rate"):
+for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps"):
     if not config[key] > 0:  # (not <= 0: nan is refused too)
         die(f"{key}={config[key]} must be positive")
-for key in ("seed", "max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "res_query_lr_mult", "grad_clip"):
+for key in ("learning_rate", "min_lr", "seed", "max_iters", "warmup_iters", "lr_decay_iters", "weight_decay",
+            "res_query_lr_mult", "grad_clip"):  # (learning_rate=0: a frozen model, as the seeding tests use)
     if not config[key] >= 0:
         die(f"{key}={config[key]} must not be negative")
 for key in ("beta1", "beta2"):
@@ -322,8 +322,8 @@ try:
             print(f"converted {init_from} into {raw_model.config.residual}: {len(missing)} pseudo-queries start at zero")
         if init_from != "resume" and not converts_exactly(source_args, asdict(raw_model.config)) and master:
             print(f"note: {init_from} ({source_args['residual']}, res_blocks={source_args.get('res_blocks', 0)}) loaded as "
-                  f"this model ({raw_model.config.residual}, res_blocks={raw_model.config.res_blocks}, its heads and linears) computes "
-                  "another function: training starts from a changed model (README, \"Exact equivalences\", lists the "
+                  f"this model ({raw_model.config.residual}, res_blocks={raw_model.config.res_blocks}, its heads and linears) "
+                  "computes another function: training starts from a changed model (README, \"Exact equivalences\", lists the "
                   "conversions that keep it)")
 except ValueError as e:  # a bad model key, or a checkpoint of another shape
     die(e)

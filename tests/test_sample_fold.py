@@ -220,11 +220,11 @@ def test_sampling_skips_padded_vocabulary():
 def test_top_k_then_top_p_keep_what_hugging_face_keeps():
     """keep_likeliest against Hugging Face's top-k and top-p logits warpers, applied in generate's order:
     the same tokens survive (random logits have no ties, where which of two equal tokens is kept is
-    arbitrary), including top_p so small that one token is left and top_k past the vocabulary."""
+    arbitrary), including top_p so small that one token is left (0 too), and top_k past the vocabulary."""
     logits_process = pytest.importorskip("transformers.generation.logits_process")
     gen = torch.Generator().manual_seed(0)
     for top_k in (None, 1, 3, 50):
-        for top_p in (None, 1e-6, 0.3, 0.9, 1.0):
+        for top_p in (None, 0.0, 1e-6, 0.3, 0.9, 1.0):
             logits = torch.randn(8, 40, generator=gen) * 3
             ref = logits.clone()
             if top_k is not None:
@@ -234,8 +234,8 @@ def test_top_k_then_top_p_keep_what_hugging_face_keeps():
             kept = keep_likeliest(logits, top_k, top_p)
             assert torch.equal(kept.isinf(), ref.isinf()), (top_k, top_p)
             assert torch.equal(kept[~kept.isinf()], logits[~kept.isinf()])  # the kept logits are untouched
-    with pytest.raises(ValueError, match="top_p=0 is not a probability mass"):
-        keep_likeliest(logits, top_p=0)
+    with pytest.raises(ValueError, match="top_p=1.5 is not a probability mass"):
+        keep_likeliest(logits, top_p=1.5)
 
 
 def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
@@ -245,7 +245,7 @@ def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
     greedy = run(sample, ["--ckpt", ckpt] + GREEDY, capsys)
     nucleus = run(sample, ["--ckpt", ckpt] + GREEDY + ["--temperature=1.5", "--top_p=1e-6"], capsys)
     assert nucleus == greedy and greedy[0] == 0
-    code, _, err = run(sample, ["--ckpt", ckpt, "--top_p=0"], capsys)
+    code, _, err = run(sample, ["--ckpt", ckpt, "--top_p=1.5"], capsys)
     assert code == 2 and "--top_p is a probability mass" in err
 
 
@@ -342,7 +342,7 @@ def test_bad_options_and_prompt_files_are_one_line(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt")
     for option in ("--temperature=nan", "--top_k=-3", "--num_samples=-1"):
         code, _, err = run(sample, ["--ckpt", ckpt, option], capsys)
-        assert code == 2 and "must not be negative" in err, option
+        assert code == 2 and "must be 0 or more" in err, option
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     code, _, err = run(sample, ["--ckpt", ckpt, f"--start=FILE:{tmp_path / 'latin1.txt'}"], capsys)
     assert code == 1 and err == f"error: the prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text: save it as UTF-8\n"

@@ -243,26 +243,15 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
 
 
-def complete_lines(log):
-    """The records of log.jsonl's complete lines (the last one may be partial while it is written)."""
-    text = log.read_text() if log.exists() else ""
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
-
-
 def start_and_signal(args, out_dir, sig, after_iter, command=(sys.executable, str(TRAIN)), cwd=None):
-    """Start train.py, send it sig once its log shows iteration after_iter (None: a resumed run's first
-    evaluation), wait for it to end: (its return code, stdout)."""
+    """Start train.py, send it sig once its log shows iteration after_iter, wait for it to end: (its
+    return code, stdout)."""
     process = subprocess.Popen([*command, *map(str, args)], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, preexec_fn=takes_ctrl_c)
     log, deadline = Path(out_dir) / "log.jsonl", time.time() + 120
     while time.time() < deadline and process.poll() is None:
-        logged = complete_lines(log)
-        if after_iter is None:
-            resumed = [i for i, e in enumerate(logged) if e["event"] == "resume"]
-            reached = resumed and any(e["event"] == "eval" for e in logged[resumed[-1]:])
-        else:
-            reached = any(e["event"] == "train" and e["iter"] >= after_iter for e in logged)
-        if reached:
+        if log.exists() and any(e["event"] == "train" and e["iter"] >= after_iter
+                                for e in map(json.loads, log.read_text().splitlines()[:-1])):  # (the last may be partial)
             break
         time.sleep(0.05)
     process.send_signal(sig)
@@ -435,13 +424,14 @@ def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path, log_
     assert [e["iter"] for e in events(tmp_path, "eval")] == [0, 2]  # no eval at 4, with lost weights
 
 
-def spoil_a_checkpoint(data, tmp_path, *args):
+def spoil_a_checkpoint(data, tmp_path, *args, command=(sys.executable, str(TRAIN))):
     """Train to a checkpoint at iter 2, resume it with a step that makes every weight non-finite (its loss,
     iteration 3's, would show it, one iteration late) and *args: (the run's result, the checkpoint's bytes)."""
     common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
     train(*common, "--max_iters=2", cwd=tmp_path)
     before = (tmp_path / "ckpt.pt").read_bytes()
-    return train(*common, "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0", *args, cwd=tmp_path, ok=False), before
+    return train(*common, "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0", *args, cwd=tmp_path,
+                 command=command, ok=False), before
 
 
 @pytest.mark.parametrize("when", ["an eval", "the end"])
@@ -458,18 +448,30 @@ def test_weights_spoilt_right_before_an_eval_are_never_saved(data, tmp_path, whe
     assert [e["iter"] for e in events(tmp_path, "eval")] == [0, 2] and not events(tmp_path, "done")
 
 
+# train.py with a stop requested (SIGTERM to itself) the moment it installs its handler, before the first
+# iteration: the stop comes at the first log line, as a signal would, but at a known iteration
+STOP_REQUESTED_AT_START = """
+import os, runpy, signal, sys
+install = signal.signal
+def install_then_signal(sig, handler):
+    previous = install(sig, handler)
+    if sig == signal.SIGTERM and getattr(handler, "__name__", None) == "request_stop":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return previous
+signal.signal = install_then_signal
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def test_weights_spoilt_right_before_a_stop_are_never_saved(data, tmp_path):
-    """A signal during iteration 2, whose step spoils the weights: the run stops at that iteration's log line,
-    before any loss shows it; one forward over an evaluation batch does, and nothing is saved. (Iteration 2
-    is slowed by accumulating 400 micro-batches, so that the signal, sent once the resumed run's first
-    evaluation is logged, arrives within it.)"""
-    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2", "--gradient_accumulation_steps=400"]
-    train(*common, "--max_iters=2", cwd=tmp_path)
-    before = (tmp_path / "ckpt.pt").read_bytes()
-    code, out = start_and_signal([*common, "--init_from=resume", "--learning_rate=1e30", "--grad_clip=0", "--max_iters=100",
-                                  "--eval_interval=100"], tmp_path, signal.SIGTERM, after_iter=None, cwd=tmp_path)
-    assert code == 1 and "error: the loss is nan (train) at iter 3, stopping; " \
-        f"the last good checkpoint, {tmp_path / 'ckpt.pt'} at iter 2, is kept" in out, out
+    """A stop requested before iteration 2, whose step spoils the weights: the run stops at that iteration's
+    log line, before any loss shows it; one forward over an evaluation batch does, and nothing is saved."""
+    result, before = spoil_a_checkpoint(data, tmp_path, "--max_iters=100", "--eval_interval=100",
+                                        command=(sys.executable, "-c", STOP_REQUESTED_AT_START, str(TRAIN)))
+    assert result.returncode == 1 and "error: the loss is nan (train) at iter 3, stopping; " \
+        f"the last good checkpoint, {tmp_path / 'ckpt.pt'} at iter 2, is kept" in result.stderr, result.stderr
     assert (tmp_path / "ckpt.pt").read_bytes() == before and not events(tmp_path, "stopped")
 
 
@@ -488,7 +490,7 @@ def bad_inputs(data, tmp_path):
         "no checkpoint to resume": (["--init_from=resume"], "no checkpoint at"),
         "too short for block_size": (["--block_size=5000"], "hold no window of block_size + 1"),
         "compile_sublayers alone": (["--compile_sublayers=True"], "set compile=True as well"),
-        "negative learning rate": (["--learning_rate=-1e-3"], "learning_rate=-0.001 must be positive"),
+        "negative learning rate": (["--learning_rate=-1e-3"], "learning_rate=-0.001 must not be negative"),
         "negative seed": (["--seed=-1"], "seed=-1 must not be negative"),
         "negative min_lr": (["--min_lr=-1e-4"], "min_lr=-0.0001 must not be negative"),
         "beta past 1": (["--beta1=1.5"], "beta1=1.5 is one of AdamW's decay rates"),
