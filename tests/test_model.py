@@ -844,8 +844,8 @@ BF16_LOGITS_REL_RMS = {"standard": 3e-2, "delta": 3e-2, "attnres": 0.2, "rd": 0.
 @pytest.mark.parametrize("mode", ("standard",) + ROUTED)
 def test_bf16_autocast_close_to_float32(mode):
     """Under CPU bf16 autocast (what train.py uses there) every mode trains and decodes; the logits and the
-    loss move by bf16 rounding only (BF16_LOGITS_REL_RMS), and the greedy tokens with and without the
-    key-value cache are the same, as in float32."""
+    loss move by bf16 rounding only (BF16_LOGITS_REL_RMS), and so do the key-value cache's one-token steps
+    against the full forward."""
     model = make_model(exact=False, residual=mode, res_blocks=3 if mode == "rd" else 0, lowrank_rank=8, dlr=True)
     randomise_queries(model)
     x, y = batch(), batch(seed=1)
@@ -855,6 +855,10 @@ def test_bf16_autocast_close_to_float32(mode):
         loss16.backward()
         cached = model.generate(x[:, :4], 8, temperature=0, use_cache=True)
         uncached = model.generate(x[:, :4], 8, temperature=0, use_cache=False)
+        full = all_logits(model, uncached)  # the cache's one-token steps against the full forward, same tokens
+        cache = model.make_cache()
+        model(uncached[:, :4], cache=cache)
+        steps = torch.cat([model(uncached[:, t:t + 1], cache=cache)[0] for t in range(4, 12)], dim=1)
     rel_rms = ((logits16.float() - logits32).norm() / logits32.norm()).item()
     assert rel_rms < BF16_LOGITS_REL_RMS[mode], f"{mode}: logits' relative RMS error {rel_rms:.2e}"
     # At init the logits are small (RMS ~0.13) and the loss is ~log(64): it moves by the logits' error weighted
@@ -862,9 +866,12 @@ def test_bf16_autocast_close_to_float32(mode):
     # in the stream modes and attnres, 8.7e-4 in rd; the bound is 2e-3 relative (~8e-3 nats here)
     assert abs(loss16.item() / loss32.item() - 1) < 2e-3
     assert all(p.grad is not None for n, p in model.named_parameters() if "h.0.attn_res_query" not in n)
-    # the two paths round differently (one token against a cache vs the whole prefix), but no greedy choice
-    # here is close enough to flip (so for all 12 seeds measured, every mode)
-    assert cached.shape == (3, 12) and torch.equal(cached, uncached)
+    # The cache's one-token steps against the full forward: bit for bit on this project's CPUs, but a matmul
+    # over one row may round differently from one over many on other bf16 kernels (and flip a near-tie of
+    # the greedy tokens), so what is asserted is agreement within bf16 rounding
+    step_rms = ((steps.float() - full[:, 4:].float()).norm() / full[:, 4:].float().norm()).item()
+    assert step_rms < BF16_LOGITS_REL_RMS[mode], f"{mode}: cached steps' relative RMS error {step_rms:.2e}"
+    assert cached.shape == uncached.shape == (3, 12)
 
 
 def test_cpu_bf16_attention_attends_in_float32():
