@@ -267,7 +267,7 @@ def test_generation_samples_where_the_task_asks():
                    **({"top_k": top_k, "top_p": top_p} if top_k else {})}
         got = harness_lm(model).generate(prompt, options)
         torch.manual_seed(0)
-        ref = model.generate(kept, 12, temperature=temperature or 1.0, top_k=top_k, top_p=top_p, use_cache=False)
+        ref = model.generate(kept, 12, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)  # (the cached path, as eval)
         assert got == bytes(ref[0, kept.size(1):].tolist()).decode("utf-8", errors="replace") != greedy
 
 
