@@ -334,12 +334,11 @@ def run(args):
             GPTConfig(**base_config(args), **{k: v for k, v in cfg.items() if k != "fold"})
         except ValueError as e:
             die(f"row {name}: {e}")
-    if PROMPT_TOKENS + max(WARMUP_DECODE_TOKENS, args.decode_tokens) > args.block_size:
-        what, fix = ((f"{args.decode_tokens} tokens", "raise --block_size or lower --decode_tokens")
-                     if args.decode_tokens >= WARMUP_DECODE_TOKENS else
-                     (f"the warm-up's {WARMUP_DECODE_TOKENS} tokens", "raise --block_size"))
-        die(f"decoding {what} after a {PROMPT_TOKENS}-token prompt needs block_size >= "
-            f"{PROMPT_TOKENS + max(WARMUP_DECODE_TOKENS, args.decode_tokens)}: {fix}")
+    decoded = max(WARMUP_DECODE_TOKENS, args.decode_tokens)
+    if PROMPT_TOKENS + decoded > args.block_size:
+        what, fix = ((f"{decoded} tokens", "raise --block_size or lower --decode_tokens") if decoded == args.decode_tokens
+                     else (f"the warm-up's {decoded} tokens", "raise --block_size"))
+        die(f"decoding {what} after a {PROMPT_TOKENS}-token prompt needs block_size >= {PROMPT_TOKENS + decoded}: {fix}")
     ctx = autocast(args.device, args.dtype)
 
     peak, peak_source = peak_flops(args.device, args.dtype, args.peak_tflops)

@@ -349,11 +349,21 @@ def _backward(grads_out, mixes, lse, queries, sources):
 # -----------------------------------------------------------------------------
 # The custom ops: one graph node per route (or pair of routes) for torch.compile, and autograd around it
 
+def _check_sources(sources):
+    """One or more sources of one shape, dtype and device: what the kernels index (the op and fused_route)."""
+    if not sources:
+        raise ValueError("nanoattnres::route takes one or more sources of one shape and dtype: got none")
+    s0 = sources[0]
+    for s in sources:
+        if s.shape != s0.shape or s.dtype != s0.dtype or s.device != s0.device:
+            raise ValueError(f"nanoattnres::route takes one or more sources of one shape and dtype, on one device: "
+                             f"{tuple(s.shape)} {s.dtype} {s.device} against {tuple(s0.shape)} {s0.dtype} {s0.device}")
+
+
 def _check_op_inputs(queries, sources):
-    """The op's own checks (fused_route's are friendlier): the kernels would read past a narrower query,
-    and write the mixes of the first two queries only."""
-    if not sources or any(s.shape != sources[0].shape or s.dtype != sources[0].dtype for s in sources):
-        raise ValueError("nanoattnres::route takes one or more sources of one shape and dtype")
+    """The op's own checks (fused_route's on the queries are friendlier): the kernels would read past a
+    narrower query, and write the mixes of the first two queries only."""
+    _check_sources(sources)
     if queries.dim() != 2 or queries.size(0) not in (1, 2) or queries.size(1) != sources[0].size(-1):
         raise ValueError(f"nanoattnres::route takes 1 or 2 queries as wide as the sources ({sources[0].size(-1)}), "
                          f"not {tuple(queries.shape)}")
@@ -418,15 +428,10 @@ def fused_route(query, sources, query2=None):
     routes would read it twice and leave two gradients to add up. Returns (mix, mix2) then.
     """
     sources = list(sources)
-    if not sources:
-        raise ValueError("fused_route needs at least one source")
+    _check_sources(sources)
     s0 = sources[0]
-    for s in sources:
-        if s.shape != s0.shape or s.dtype != s0.dtype or s.device != s0.device:
-            raise ValueError(f"fused_route: sources differ: {tuple(s.shape)} {s.dtype} {s.device} "
-                             f"against {tuple(s0.shape)} {s0.dtype} {s0.device}")
-        if not s.is_contiguous():
-            raise ValueError("fused_route: sources must be contiguous")
+    if not all(s.is_contiguous() for s in sources):
+        raise ValueError("fused_route: sources must be contiguous")
     if s0.dtype not in DTYPES:
         raise ValueError(f"fused_route: sources are {s0.dtype}, supported are {DTYPES}")
     for q in (query, query2):
