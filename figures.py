@@ -45,9 +45,15 @@ def save(fig, path):
     plt.close(fig)
 
 
+def granularity(name):
+    """'per-sublayer' or 'res_blocks=N': what a run routes over, and so the source counts of its routes."""
+    n = run_settings(split_point(name)[1]).get("res_blocks")
+    return f"res_blocks={n}" if n else "per-sublayer"
+
+
 def blocks(name):
     """Whether a run routes over blocks of sublayers (res_blocks > 0) rather than over each sublayer."""
-    return bool(run_settings(split_point(name)[1]).get("res_blocks"))
+    return granularity(name) != "per-sublayer"
 
 
 def line_style(name):
@@ -158,10 +164,10 @@ def plot_max_weight(summaries, path):
         x = [sublayer_routes(s["weights"]).index(r) for r in routes]
         style = line_style(name)
         ax.plot(x, [s["max_weight"][r] for r in routes], marker="o", ms=4, label=name, **style)
-        if style["linestyle"] not in drawn:  # 1/m for this granularity (the same m in attnres and delta)
-            drawn.add(style["linestyle"])
+        if granularity(name) not in drawn:  # 1/m for each granularity (the same m in attnres and delta)
+            drawn.add(granularity(name))
             ax.plot(x, [1 / len(s["weights"][r]) for r in routes], color="grey", lw=1, linestyle=style["linestyle"],
-                    label=f"uniform 1/m ({'block' if style['linestyle'] == '--' else 'per-sublayer'})")
+                    label=f"uniform 1/m ({granularity(name)})")
     if not drawn:
         plt.close(fig)
         return False
@@ -230,13 +236,13 @@ def plot_sweep_max_weight(results, path):
             routing = r["routing"]
             kinds.setdefault(kind, {})[point] = routing["deep_max_weight"]
             m = len(routing["weights"][routing["deepest"]])
-            uniform.setdefault("--" if blocks(name) else "-", {})[point] = 1 / m
+            uniform.setdefault(granularity(name), (line_style(name)["linestyle"], {}))[1][point] = 1 / m
     for kind, by_point in kinds.items():
         ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), ms=5, label=kind,
                 **point_style(kind))
-    for style, by_point in uniform.items():
-        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), color="grey", lw=1, linestyle=style,
-                marker=".", label=f"uniform 1/m ({'block' if style == '--' else 'per-sublayer'})")
+    for label, (linestyle, by_point) in uniform.items():
+        ax.plot([points.index(pt) for pt in by_point], list(by_point.values()), color="grey", lw=1,
+                linestyle=linestyle, marker=".", label=f"uniform 1/m ({label})")
     ax.set_xticks(range(len(points)), points)
     ax.set_ylim(0, 1)
     ax.set_ylabel("max weight of the deepest sublayer's route")

@@ -354,6 +354,8 @@ def _check_sources(sources):
     if not sources:
         raise ValueError("nanoattnres::route takes one or more sources of one shape and dtype: got none")
     s0 = sources[0]
+    if s0.dim() == 0 or s0.size(-1) == 0:
+        raise ValueError(f"nanoattnres::route takes sources [..., d] with d >= 1 features: got {tuple(s0.shape)}")
     for s in sources:
         if s.shape != s0.shape or s.dtype != s0.dtype or s.device != s0.device:
             raise ValueError(f"nanoattnres::route takes one or more sources of one shape and dtype, on one device: "

@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import compare
 import figures
+import model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "config/train_shakespeare_char.py"  # 4 layers, 4 heads, 128 wide; named as compare.py records it
@@ -56,6 +58,39 @@ def test_block_routing_is_dashed_with_square_markers():
     assert figures.point_style("rd/res_blocks=4")["marker"] == "s"
     assert figures.point_style("n_embd=256/attnres/res_blocks=0") == dict(color="tab:blue", linestyle="-", marker="o")
     assert figures.line_style("standard") == dict(color="black", linestyle="-")
+
+
+def test_each_block_setting_gets_its_own_uniform_line(tmp_path, monkeypatch):
+    """A uniform route's 1/m depends on how many sources each route has: two block settings (and
+    per-sublayer routing) in one picture each get their grey line, with their own 1/m, not one per line style."""
+    settings = {"attnres/res_blocks=0": 0, "attnres/res_blocks=2": 2, "delta/res_blocks=4": 4}
+    counts, summaries = {}, {}
+    for name, res_blocks in settings.items():
+        net = model.GPT(model.GPTConfig(residual=name.split("/")[0], res_blocks=res_blocks, n_layer=4, n_embd=16,
+                                        n_head=2, block_size=8, vocab_size=32))
+        net(torch.zeros(1, 8, dtype=torch.long), collect_routing=True)
+        summaries[name] = compare.mean_routing([net.last_routing])
+        weights = summaries[name]["weights"]  # (a route with one source has no max weight to draw)
+        counts[figures.granularity(name)] = [len(weights[r]) for r in figures.sublayer_routes(weights)
+                                             if r in summaries[name]["max_weight"]]
+    assert len({tuple(c) for c in counts.values()}) == 3  # three different source counts to draw
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+
+    figures.plot_max_weight(summaries, tmp_path / "max_weight.png")
+    grey = {line.get_label(): list(line.get_ydata()) for line in drawn[0].axes[0].lines if line.get_color() == "grey"}
+    assert grey == {f"uniform 1/m ({g})": [1 / m for m in c] for g, c in counts.items()}
+
+    points = ["n_layer=4", "n_layer=8"]  # the same routing at both values: what matters is one line per setting
+    runs = {f"{pt}/{name}": dict(routing=dict(summary, deep_max_weight=0.5)) for pt in points
+            for name, summary in summaries.items()}
+    figures.plot_sweep_max_weight(dict(points=points, runs=runs), tmp_path / "sweep_max_weight.png")
+    grey = {line.get_label(): list(line.get_ydata()) for line in drawn[1].axes[0].lines if line.get_color() == "grey"}
+    deepest = summaries["attnres/res_blocks=0"]["deepest"]
+    assert grey == {f"uniform 1/m ({g})": [1 / len(summaries[n]["weights"][deepest])] * 2
+                    for n, g in zip(settings, counts)}
+    for fig in drawn:
+        figures.plt.close(fig)
 
 
 def test_sweep_draws_each_reference_of_a_kind_apart(tmp_path, monkeypatch):

@@ -400,6 +400,8 @@ def test_the_op_refuses_what_its_kernels_cannot_compute():
             torch.ops.nanoattnres.route(queries, sources)
     with pytest.raises(ValueError, match="one or more sources of one shape and dtype"):
         torch.ops.nanoattnres.route(torch.randn(1, 8), [*sources, torch.randn(2, 4, 8)])
+    with pytest.raises(ValueError, match="d >= 1 features"):  # (the kernels' 1 / d would divide by zero)
+        torch.ops.nanoattnres.route(torch.randn(1, 0), [torch.randn(2, 5, 0)])
 
 
 def test_the_interpreter_is_what_the_kernels_were_made_with():
