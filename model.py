@@ -8,7 +8,8 @@ One GPT with switchable residual connections, in one file.
 
 A "sublayer" is half a transformer block: j = 0 .. 2L-1, even j attention, odd j MLP.
 `route` is a softmax over depth (one weight per source, per token) with a learned
-pseudo-query per sublayer. The sources are the embedding and what earlier sublayers
+pseudo-query per route: one per sublayer input, plus rd's value routes and the output
+route of attnres and rd. The sources are the embedding and what earlier sublayers
 (or blocks of sublayers) added to the model. Optional low-rank linears (W = B A) with
 a Duplicated Latent Residual (DLR). The math, equation by equation, is in the README.
 """
@@ -46,7 +47,7 @@ class GPTConfig:
     lowrank_rank: int = 0  # 0 = dense linears, r > 0 = W = B A with rank r
     lowrank_act: str = "silu"  # activation between A and B: silu | identity
     dlr: bool = False  # add the Duplicated Latent Residual to every low-rank linear
-    dlr_alpha: float = 1.0
+    dlr_alpha: float = 1.0  # alpha in the DLR term (alpha / sqrt(K)) expand_K(z): fixed, not learned
 
     def __post_init__(self):
         def need(ok, field, allowed):
@@ -130,13 +131,15 @@ class LowRankLinear(nn.Module):
         return self.B.weight + self.dlr_scale * self.dlr_matrix if self.dlr else self.B.weight
 
     def forward(self, x, rows=slice(None)):
+        """rows: compute only these output features (rd takes c_attn's q, k rows from one input, its v rows from another)."""
         z = self.act(self.A(x))
         bias = None if self.B.bias is None else self.B.bias[rows]
         return F.linear(z, self.up_weight()[rows], bias)
 
     @torch.no_grad()
     def fold_dlr(self):
-        """README "Folding DLR away": B <- B + (alpha/sqrt(K)) R, then the DLR term is off. Same outputs, plain low-rank cost."""
+        """B <- B + (alpha/sqrt(K)) R (README, "Low-rank linears and DLR"), then the DLR term is off: the same
+        outputs at the plain low-rank cost."""
         if self.dlr:
             self.B.weight.copy_(self.up_weight())
             self.dlr = False
@@ -160,64 +163,6 @@ def linear_rows(linear, x, rows):
 # -----------------------------------------------------------------------------
 # The backbone: GPT-2's attention, MLP and block, with GPT-2's parameter names
 
-class KVCache:
-    """Keys and values of the positions seen so far, for incremental decoding. Every buffer has its
-    final shape from the start ([B, nh, max_len, hs] per layer, zeros where nothing is written yet)
-    and the number of positions written is a tensor, `position`: a one-token step then has the
-    same shapes and the same Python at every position, so torch.compile makes one decode graph
-    (and on a GPU one CUDA graph, which needs the buffers to keep their addresses). The price is
-    that attention reads all max_len slots, masked, where it could read the written ones (eager on a
-    CPU it does, where that is what a step costs)."""
-
-    def __init__(self, n_layer, max_len, device):
-        self.max_len = max_len
-        self.k, self.v = [None] * n_layer, [None] * n_layer
-        self.position = torch.zeros((), dtype=torch.long, device=device)
-        self.pos = self.visible = self.slots = self.from_empty = None  # the current forward's (see begin)
-        if self.position.is_cuda:  # CUDA graphs may update an input in place only at an address that never changes
-            torch._dynamo.mark_static_address(self.position)
-
-    def begin(self, t):
-        """A forward of t new tokens starts: their positions [t] (after those written), and which
-        slots each of them sees once written (`visible`, [t, slots], True = attend: causal, nothing
-        unwritten; None for a prompt into an empty cache), computed once here for every layer."""
-        eager = not torch.compiler.is_compiling()
-        # Reading the position is free on a CPU, but on a GPU it waits for the GPU: a one-token step there
-        # does not read it: a caller writing past the end there meets no clear error but a device-side index
-        # assert in wpe, which ends the CUDA context (generate_tokens never does: it counts its positions)
-        written = int(self.position) if eager and (t > 1 or self.position.device.type == "cpu") else None
-        if written is not None and written + t > self.max_len:
-            raise ValueError(f"the cache holds {self.max_len} positions, {written} are written: no room for {t} more "
-                             "(start a new cache, with the last block_size tokens, as generate does)")
-        # a prompt written into an empty cache sees only itself: attention stays plain causal attention
-        # over the new keys (flash attention on a GPU), not a masked pass over every slot
-        self.from_empty = t > 1 and written == 0
-        self.pos = self.position + torch.arange(t, device=self.position.device)
-        self.position += t  # in place: a compiled decode step keeps reading the same tensor
-        self.slots = self.max_len
-        if self.pos.device.type == "cpu" and eager:
-            # eager on a CPU, attention over every slot is what a step pays for: read only the written ones
-            # (docs/speed.md, "Measurements behind the code"); compiled, the shapes must not change
-            self.slots = written + t
-        self.visible = None if self.from_empty else torch.arange(self.slots, device=self.pos.device) <= self.pos[:, None]
-        return self.pos
-
-    def write(self, layer, k, v):
-        """Store one layer's k, v [B, nh, t, hs] at this forward's positions; returns the keys and
-        values of every slot the new positions may see."""
-        if self.k[layer] is None:  # allocate on first use, in the dtype the model computes in (autocast or not)
-            B, nh, _, hs = k.shape
-            # zeros, not empty: masked slots still enter the attention matmuls, and 0 x NaN is NaN
-            self.k[layer] = k.new_zeros(B, nh, self.max_len, hs)
-            self.v[layer] = v.new_zeros(B, nh, self.max_len, hs)
-            if k.is_cuda:
-                torch._dynamo.mark_static_address(self.k[layer])
-                torch._dynamo.mark_static_address(self.v[layer])
-        self.k[layer].index_copy_(2, self.pos, k)
-        self.v[layer].index_copy_(2, self.pos, v)
-        return self.k[layer][:, :, :self.slots], self.v[layer][:, :, :self.slots]
-
-
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -229,7 +174,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, x, x_v=None, cache=None, layer=None):
-        """cache: a KVCache (begun for this forward's tokens), with this attention's layer index."""
+        """x: the normalised input; x_v (rd): the normalised input of the values, None to take them from x.
+        cache: a KVCache (begun for this forward's tokens), with this attention's layer index."""
         B, T, C = x.size()
         if x_v is None:
             q, k, v = self.c_attn(x).split(C, dim=2)
@@ -279,8 +225,10 @@ class LayerNorm(nn.LayerNorm):
     save itself; and without autograd, which saves nothing) it is nn.LayerNorm."""
 
     def forward(self, x):
-        if torch.compiler.is_compiling() or x.dtype == torch.float32 or not x.is_cuda or not torch.is_grad_enabled() \
-                or not torch.is_autocast_enabled("cuda") or self.weight.dtype != torch.float32:
+        saves_an_upcast_copy = (x.is_cuda and x.dtype != torch.float32 and torch.is_grad_enabled()
+                                and torch.is_autocast_enabled("cuda") and self.weight.dtype == torch.float32
+                                and not torch.compiler.is_compiling())
+        if not saves_an_upcast_copy:
             return super().forward(x)
         return LayerNormOfUpcast.apply(x, self.weight, self.bias, self.eps)
 
@@ -370,7 +318,7 @@ def reference_route(w, sources):
 
 class DepthSources:
     """
-    The sources routed sublayers attend over, and the route itself, computed fast. The math is
+    The sources routed sublayers attend over, and the route over them, computed fast. The math is
     reference_route's, above:
 
         a_i = softmax_i( w . rmsnorm(s_i) )      per token, a softmax over depth
@@ -378,40 +326,23 @@ class DepthSources:
 
     The sources are [e, b_1, .., b_{k-1}, p]: the embedding, the sum of the outputs of each
     completed routing block, and the running sum p of the current block (left out while the
-    block is empty). With one sublayer per block this is [e, out_0, .., out_{j-1}].
-    attnres, delta and rd all use these same sources (in delta they are the stream's deltas:
-    b_k = h(end of block k) - h(start of block k), so sum(sources) = h_j telescopes).
+    block is empty). With one sublayer per block this is [e, out_0, .., out_{j-1}]. attnres,
+    delta and rd all use these same sources: in delta the README names them [e, D_1, .., P], the
+    stream's changes, and e + sum_k D_k + P = h_j.
 
-    Fast paths, none of which changes the math:
-    - the pseudo-queries do not depend on the input, so a completed source's logits against every
-      route are one [B, T, d] x [d, R] matmul, done once when the source is created, and kept in
-      one route-major table ([R, m, B, T]): a route reads its logits as one slice, not a pass over
-      [B, T, d] per source.
-    - the mix is a running addcmul over the source list: nothing is stacked, so autograd keeps
-      each source once (memory O(depth), not O(depth^2) as a stack per sublayer would). Without
-      autograd (decoding) there is no memory to save, and one stacked multiply-sum is fewer calls.
-    The papers' two-phase mix (all routes of a block in one batched matmul over stacked sources)
-    measured slower than this in eager PyTorch on a CPU (docs/speed.md, "Tried, measured slower");
-    torch.compile fuses each route into one loop instead.
-
-    On a GPU that is still one memory pass per (route, source) pair and four more in backward: at
-    GPT-2-small shape, ~4x standard's step time per sublayer, ~2x with 4 blocks (docs/speed.md, "On a
-    GPU"). fused_route=route_kernels.fused_route sends
-    every route to one Triton kernel instead, which reads each source once (logits, online softmax and
-    weighted sum together) and saves no copies for the backward; no logit table is kept then. rd's
-    two routes of a layer read the same sources, so they go to the kernel together (route(r, r2)).
-    dtype: what the sources are stored in (the fused route does its math in float32 whatever it is).
+    fused_route: route_kernels.fused_route (GPUs), which computes a route's logits, softmax and mix
+    in one pass over its sources, or None for the plain route below. dtype: what the sources are
+    stored in (the fused route does its math in float32 whatever it is).
     """
 
     def __init__(self, e, queries, collect=False, fused_route=None, dtype=None):
         self.queries = queries  # [R, d]: every pseudo-query of the model, one row per route
         self.dtype = dtype or e.dtype  # by default the embedding's precision (the stream's, in delta)
-        self.values = []  # completed sources, each [B, T, d]
+        self.completed = []  # the completed sources [e, b_1, ..], each [B, T, d]
         self.logits = None  # [R, m, B, T]: the logit of every completed source (dim 1) for every route (dim 0)
         self.partial = None  # p, the running sum of the current block
         self.collect = collect
-        # route_kernels.fused_route, or None for the plain route; the diagnostics read the depth weights,
-        # which the fused route never forms
+        # the diagnostics read the depth weights, which the fused route never forms
         self.fused_route = None if collect else fused_route
         self.weights = {}  # route -> mean depth weights over batch and positions (when collecting)
         self.add(e)
@@ -424,35 +355,48 @@ class DepthSources:
 
     def end_block(self):
         """The current block is complete: p becomes a source of its own."""
-        if self.fused_route is None:  # the fused route computes its logits in the kernel, as it reads each source
+        if self.fused_route is None:
+            # The pseudo-queries do not depend on the input, so a new source's logits against every route
+            # are one [B, T, d] x [d, R] matmul, made once here and kept route-major: a route then reads
+            # its logits as one slice, not a pass over [B, T, d] per source. (The fused route computes
+            # its logits in the kernel, as it reads each source.)
             logits = routing_logits(self.partial, self.queries).permute(2, 0, 1).unsqueeze(1)  # [R, 1, B, T]: w_r . rmsnorm(p)
             self.logits = logits if self.logits is None else torch.cat([self.logits, logits], dim=1)
-        self.values.append(self.partial)
+        self.completed.append(self.partial)
         self.partial = None
 
-    def route(self, r, r2=None):
-        """x = sum_i a_i s_i with a = softmax(w_r . rmsnorm(s_i)) over the current sources. With r2 (rd's
-        value route), (x, x2): the fused route computes both in one pass over the sources."""
-        if r2 is not None:
-            if self.fused_route is not None:
-                sources = self.values if self.partial is None else self.values + [self.partial]
-                return self.fused_route(self.queries[r], sources, self.queries[r2])
-            return self.route(r), self.route(r2)
+    def sources(self):
+        """The sources a route reads now: the completed ones, and p once the current block holds an output."""
+        return self.completed if self.partial is None else self.completed + [self.partial]
+
+    def route_pair(self, r, r_v):
+        """(route r, route r_v) over the same sources: rd's Q/K and value routes. The fused kernel computes
+        both in one pass, each source read once for both and its gradient written once."""
         if self.fused_route is not None:
-            return self.fused_route(self.queries[r], self.values if self.partial is None else self.values + [self.partial])
-        logits, values = self.logits[r], self.values  # [m, B, T] and m x [B, T, d]
+            return self.fused_route(self.queries[r], self.sources(), self.queries[r_v])
+        return self.route(r), self.route(r_v)
+
+    def route(self, r):
+        """x = sum_i a_i s_i with a = softmax_i(w_r . rmsnorm(s_i)) over the current sources."""
+        if self.fused_route is not None:
+            return self.fused_route(self.queries[r], self.sources())
+        logits = self.logits[r]  # [m, B, T]
         if self.partial is not None:  # p changes after every sublayer, so its logit is computed per route
             p_logit = routing_logits(self.partial, self.queries[r:r + 1])  # [B, T, 1]
             logits = torch.cat([logits, p_logit.permute(2, 0, 1)])
-            values = values + [self.partial]
+        sources = self.sources()
         a = logits.softmax(dim=0).to(self.dtype).unsqueeze(-1)  # [m, B, T, 1], a[i] contiguous; float32 logits, sources' dtype mix
         if self.collect:
             self.weights[r] = a.detach().float().mean(dim=(1, 2, 3)).cpu()
-        if not torch.is_grad_enabled():  # inference: 3 calls instead of 2m small ones
-            return (torch.stack(values) * a).sum(dim=0)
+        if not torch.is_grad_enabled():  # inference (no memory to save): 3 calls instead of 2m small ones
+            return (torch.stack(sources) * a).sum(dim=0)
+        # A running addcmul, nothing stacked, so autograd keeps each source once: memory O(depth), where a
+        # stack per route would keep O(depth^2). The papers' two-phase mix (a block's routes in one batched
+        # matmul over stacked sources) measured slower than this eagerly (docs/speed.md, "Tried, measured
+        # slower, left out"); torch.compile fuses each route into one loop, and on a GPU the fused route does that.
         a = a.unbind(0)
-        mix = values[0] * a[0]
-        for s_i, a_i in zip(values[1:], a[1:]):
+        mix = sources[0] * a[0]
+        for s_i, a_i in zip(sources[1:], a[1:]):
             mix = torch.addcmul(mix, s_i, a_i)
         return mix
 
@@ -563,7 +507,10 @@ class GPT(nn.Module):
         """(the fused route function or None, the sources' dtype or None) of a forward on device:
         route_kernels.fused_route on a GPU, with its sources in bfloat16 under bfloat16 autocast (half the
         bytes of every routing pass; docs/speed.md, "On a GPU", measures what it buys and what it costs
-        in loss); None, None: the plain route, sources in the embedding's dtype."""
+        in loss); None, None: the plain route, sources in the embedding's dtype. The plain route makes
+        a memory pass per (route, source) pair, and four more backward: on a GPU at GPT-2-small shape
+        that made routed training 2-4x slower than standard. The fused kernel reads each source once
+        and keeps no copies for the backward."""
         if not (self.fused_route == "auto" or isinstance(self.fused_route, bool)):  # (1 == True: not a bool)
             raise ValueError(f"fused_route={self.fused_route!r}: use 'auto', True or False")
         if not (self.fused_route is True or (self.fused_route == "auto" and device.type == "cuda" and TRITON_INSTALLED)):
@@ -585,32 +532,34 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, cache=None, collect_routing=False):
         device = idx.device
-        b, t = idx.size()
+        t = idx.size(1)
         assert t <= self.config.block_size, f"cannot forward {t} positions, block_size is {self.config.block_size}"
-        # with a cache: after the positions already written (KVCache.begin refuses to write past its end)
+        # with a cache: the positions after those already written
         pos = torch.arange(t, dtype=torch.long, device=device) if cache is None else cache.begin(t)
 
         e = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         mode, L = self.config.residual, self.config.n_layer
-        depth = None if mode == "standard" else DepthSources(e, self.route_queries(), collect_routing,
-                                                             *self.route_implementation(device))
+        depth = None
+        if mode != "standard":
+            fused_route, source_dtype = self.route_implementation(device)
+            depth = DepthSources(e, self.route_queries(), collect_routing, fused_route, source_dtype)
         per_block = self.config.sublayers_per_block
         replaces_stream = mode in ("attnres", "rd")  # no residual stream: every input, and the output, is a route
-        h = e  # the residual stream (standard, delta)
+        h = e  # the stream h_0 = e (standard, delta; attnres and rd have none)
         row = self.route_row
         for j in range(2 * L):
             block = self.transformer.h[j // 2]
             sublayer = f"L{j // 2}.{'mlp' if j % 2 else 'attn'}"  # the name of its route
-            # the sublayer's input: the one place where the modes differ
+            # the sublayer's input x_j, where the modes differ most (also: the stream update and the output, below)
             x_v = None
             if mode == "standard":
                 x = h  # x_j = h_j
             elif mode == "delta":
-                x = h + depth.route(row[sublayer])  # x_j = h_j + route(w_j, deltas)
+                x = h + depth.route(row[sublayer])  # x_j = h_j + route(w_j, [e, D_1, .., P])
             elif mode == "rd" and j % 2 == 0:
-                x, x_v = depth.route(row[sublayer], row[sublayer + ".v"])  # rd: x_j = route(w_j, ..), x_v = route(w_v, ..)
+                x, x_v = depth.route_pair(row[sublayer], row[sublayer + ".v"])  # x_qk = route(w_j, ..), x_v = route(w_v, ..)
             else:
-                x = depth.route(row[sublayer])  # attnres, rd: x_j = route(w_j, sources)
+                x = depth.route(row[sublayer])  # attnres, rd's MLP: x_j = route(w_j, [e, b_1, .., p])
             if j % 2 == 0:
                 out = block.attn_sublayer(x, x_v, cache, j // 2)
             else:
@@ -624,7 +573,7 @@ class GPT(nn.Module):
         if replaces_stream:
             h = depth.route(row["out"])  # the output route, over all completed sources
         if depth is not None and collect_routing:
-            self.last_routing = routing_stats(depth.weights, self.route_names(), mode)
+            self.last_routing = routing_stats(depth.weights, self.route_names())
         x = self.transformer.ln_f(h)
 
         if targets is not None:
@@ -671,7 +620,8 @@ class GPT(nn.Module):
         if cfg.residual != "standard":
             counts = self.route_source_counts()
             n_routes, n_sources = len(counts), 1 + 2 * L // cfg.sublayers_per_block
-            # per route: m logits (reused) + weighted sum of m sources (2 d m); per source: key logits vs all routes (2 d R)
+            # per route: m logits (reused) + weighted sum of m sources (2 d m); per source: key logits vs all routes (2 d R).
+            # (The plain route's count: the fused route computes each route's m logits itself, the same order.)
             route_fwd = sum(2 * d * m for m in counts) + n_sources * 2 * d * n_routes
             flops += 3 * route_fwd
         if cfg.residual == "rd" and cfg.lowrank_rank:
@@ -686,7 +636,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def fold_dlr(self):
-        """Absorb every DLR term into its B (README "Folding DLR away"); the model then has config.dlr = False."""
+        """Absorb every DLR term into its B (README, "Low-rank linears and DLR"); then config.dlr = False."""
         for m in self.modules():
             if isinstance(m, LowRankLinear):
                 m.fold_dlr()
@@ -708,6 +658,7 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             attn_eager, attn_compiled = block.attn_sublayer, torch.compile(block.attn_sublayer, **options)
 
+            # (eager and compiled as defaults: bound now, per block, not the loop's last values at call time)
             def attn_sublayer(x, x_v=None, cache=None, layer=None, eager=attn_eager, compiled=attn_compiled):
                 return (compiled if cache is None else eager)(x, x_v, cache, layer)
             block.attn_sublayer = attn_sublayer
@@ -735,11 +686,11 @@ class GPT(nn.Module):
                         vocab_size=None, decode_step=None):
         """Continue idx (b, t), yielding each new token (b, 1) as soon as it is chosen (sample.py
         streams them). temperature=0 is greedy decoding; otherwise see choose_next_token for top_k and
-        top_p. With the key-value cache each new token
-        costs one one-token forward (decode_step, e.g. compile_decoding(), or the model itself); once
-        the context is full the window slides, positions shift, and every step is a full forward over
-        the last block_size tokens, as without the cache (a cache would be written and never read). vocab_size: sample only ids below it (a vocabulary padded for speed has
-        ids no tokenizer can decode)."""
+        top_p. With the key-value cache each new token costs one one-token forward (decode_step, e.g.
+        compile_decoding(), or the model itself); once the context is full the window slides, positions
+        shift, and every step is a full forward over the last block_size tokens, as without the cache
+        (a cache would be written and never read).
+        vocab_size: sample only ids below it (a vocabulary padded for speed has ids no tokenizer can decode)."""
         block_size = self.config.block_size
         decode_step = decode_step or (lambda token, cache: self(token, cache=cache)[0])
         cache, cached = None, 0  # cached: positions in the cache (kept here, in Python, not read from it)
@@ -761,6 +712,68 @@ class GPT(nn.Module):
         """idx (b, t) continued by max_new_tokens tokens, as one tensor (b, t + max_new_tokens)."""
         new = list(self.generate_tokens(idx, max_new_tokens, temperature, top_k, top_p, use_cache))
         return torch.cat([idx, *new], dim=1)
+
+
+# -----------------------------------------------------------------------------
+# Decoding: the key-value cache and the choice of the next token
+
+class KVCache:
+    """Keys and values of the positions seen so far, for incremental decoding. Every buffer has its
+    final shape from the start ([B, nh, max_len, hs] per layer, zeros where nothing is written yet)
+    and the number of positions written is a tensor, `position`: a one-token step then has the
+    same shapes and the same Python at every position, so torch.compile makes one decode graph
+    (and on a GPU one CUDA graph, which needs the buffers to keep their addresses). The price is
+    that attention reads all max_len slots, masked, where it could read the written ones (eager on a
+    CPU it reads only those: there, that read is what a step costs)."""
+
+    def __init__(self, n_layer, max_len, device):
+        self.max_len = max_len
+        self.k, self.v = [None] * n_layer, [None] * n_layer
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.pos = self.visible = self.slots = self.from_empty = None  # the current forward's (see begin)
+        if self.position.is_cuda:  # CUDA graphs may update an input in place only at an address that never changes
+            torch._dynamo.mark_static_address(self.position)
+
+    def begin(self, t):
+        """A forward of t new tokens starts: their positions [t] (after those written), and which
+        slots each of them sees once written (`visible`, [t, slots], True = attend: causal, nothing
+        unwritten; None for a prompt into an empty cache), computed once here for every layer."""
+        eager = not torch.compiler.is_compiling()
+        # Reading how many positions are written is free on a CPU but waits for a GPU, so one-token steps
+        # on a GPU (and compiled steps) skip it, and the room check with it. Writing past the end there fails
+        # as a device-side assert in wpe, which ends the CUDA context; generate_tokens counts its positions
+        # and never does.
+        written = int(self.position) if eager and (t > 1 or self.position.device.type == "cpu") else None
+        if written is not None and written + t > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions, {written} are written: no room for {t} more "
+                             "(start a new cache, with the last block_size tokens, as generate does)")
+        # a prompt written into an empty cache sees only itself: attention stays plain causal attention
+        # over the new keys (flash attention on a GPU), not a masked pass over every slot
+        self.from_empty = t > 1 and written == 0
+        self.pos = self.position + torch.arange(t, device=self.position.device)
+        self.position += t  # in place: a compiled decode step keeps reading the same tensor
+        self.slots = self.max_len
+        if self.pos.device.type == "cpu" and eager:
+            # eager on a CPU, attention over every slot is what a step pays for: read only the written ones
+            # (docs/speed.md, "Measurements behind the code"); compiled, the shapes must not change
+            self.slots = written + t
+        self.visible = None if self.from_empty else torch.arange(self.slots, device=self.pos.device) <= self.pos[:, None]
+        return self.pos
+
+    def write(self, layer, k, v):
+        """Store one layer's k, v [B, nh, t, hs] at this forward's positions; returns the keys and
+        values of every slot the new positions may see."""
+        if self.k[layer] is None:  # allocate on first use, in the dtype the model computes in (autocast or not)
+            B, nh, _, hs = k.shape
+            # zeros, not empty: masked slots still enter the attention matmuls, and 0 x NaN is NaN
+            self.k[layer] = k.new_zeros(B, nh, self.max_len, hs)
+            self.v[layer] = v.new_zeros(B, nh, self.max_len, hs)
+            if k.is_cuda:
+                torch._dynamo.mark_static_address(self.k[layer])
+                torch._dynamo.mark_static_address(self.v[layer])
+        self.k[layer].index_copy_(2, self.pos, k)
+        self.v[layer].index_copy_(2, self.pos, v)
+        return self.k[layer][:, :, :self.slots], self.v[layer][:, :, :self.slots]
 
 
 def choose_next_token(logits, temperature=1.0, top_k=None, top_p=None):
@@ -795,11 +808,11 @@ def keep_likeliest(logits, top_k=None, top_p=None):
 # -----------------------------------------------------------------------------
 # Routing diagnostics
 
-def routing_stats(weights, names, mode):
+def routing_stats(weights, names):
     """Per route: the mean depth distribution over batch and positions, its max weight, its entropy
     normalised by log(m), and for rd the Jensen-Shannon divergence between each layer's QK and V
     routes. A route with a single source makes no choice and gets no statistics."""
-    stats = {}
+    stats, by_name = {}, {names[r]: p for r, p in weights.items()}
     for r, p in sorted(weights.items()):
         m = p.numel()
         entry = {"weights": p.tolist(), "sources": m}
@@ -807,11 +820,9 @@ def routing_stats(weights, names, mode):
             entropy = -(p * p.clamp_min(1e-12).log()).sum().item()
             entry.update(max_weight=p.max().item(), entropy=entropy / math.log(m))
         stats[names[r]] = entry
-    if mode == "rd":
-        for name in list(stats):
-            if name.endswith(".attn.v") and stats[name]["sources"] > 1:
-                p, q = (torch.tensor(stats[n]["weights"]) for n in (name[:-2], name))
-                stats[name]["js_qk_v"] = js_divergence(p, q)
+    for name in stats:
+        if name.endswith(".attn.v") and stats[name]["sources"] > 1:  # rd's value routes, against their QK route
+            stats[name]["js_qk_v"] = js_divergence(by_name[name[:-2]], by_name[name])
     return stats
 
 

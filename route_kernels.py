@@ -11,7 +11,7 @@ Per token, with m sources s_i (each [B, T, d]) and the route's pseudo-query w ([
 Backward, with g = dL/dmix:
 
     gs_i    = g . s_i
-    gmix    = g . mix                          (= sum_k a_k gs_k)
+    gmix    = g . mix                          (= sum_k a_k gs_k; with bf16 sources, of the mix as stored)
     delta_i = a_i (gs_i - gmix)                = dL/dlogit_i, the softmax backward
     dL/ds_i = a_i g + delta_i r_i (w - logit_i r_i s_i / d)
     dL/dw   = sum over tokens of sum_i delta_i r_i s_i
@@ -29,7 +29,7 @@ added in registers and written once. Two separate routes would read every source
 write two gradients per source, which autograd then adds up: (3m + 6) elements of B T d moved per
 pair, against (9m + 6).
 
-fused_route(query, sources[, query2]) is the entry point, registered as the custom op nanoattnres::route
+fused_route(query, sources[, query2]) is the entry point; it calls the custom op nanoattnres::route,
 so torch.compile sees one node per route (or pair). model.reference_route is the definition it is tested against
 (tests/test_route_kernels.py); `python route_kernels.py` times it on a GPU against its byte floor, and
 `python route_kernels.py --compile_for=90` compiles it for a GPU on any machine and reports what the
@@ -43,6 +43,8 @@ import types
 from collections.abc import Sequence
 
 import torch
+
+from model import ROUTING_RMS_EPS
 
 try:
     import triton
@@ -288,7 +290,6 @@ def tile_for(routes):
 def _launch(sources, routes):
     """The grid (one program per tile), the token count and the compile-time arguments for these sources
     and this many routes over them (1, or 2 paired)."""
-    from model import ROUTING_RMS_EPS  # here, not at the top: model.py imports this module
     d = sources[0].size(-1)
     n = sources[0].numel() // d
     block_d = triton.next_power_of_2(d)
