@@ -10,6 +10,7 @@ Reads the shards of data/<dataset>/ (prepare.py), writes out_dir/ckpt.pt and out
 Started by torchrun it trains with DDP (NCCL on GPUs, gloo on CPUs), on any number of nodes.
 """
 
+import inspect
 import json
 import math
 import os
@@ -165,7 +166,7 @@ for key in ("learning_rate", "min_lr", "seed", "max_iters", "warmup_iters", "lr_
 for key in ("beta1", "beta2"):
     if not 0 <= config[key] < 1:
         die(f"{key}={config[key]} is one of AdamW's decay rates: give one in [0, 1), e.g. 0.9 or 0.95")
-if wandb_log and master and not eval_only:
+if wandb_log and not eval_only:  # (on every rank, though rank 0 alone logs: so that every rank stops here)
     try:
         import wandb  # optional: only a run that logs to wandb needs it
     except ImportError:
@@ -356,10 +357,13 @@ if compile and compile_sublayers:  # a compile as short at any depth (model.comp
     model = raw_model.compile_sublayers()
 else:
     model = torch.compile(raw_model) if compile else raw_model
-# the model's buffers (DLR's fixed matrices) are constants: nothing to broadcast
+# the model's buffers (DLR's fixed matrices) are constants: nothing to send before every forward (torch 2.13
+# renamed broadcast_buffers to forward_sync_buffers; each version is asked by its own name)
+no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                  else {"broadcast_buffers": False})
 # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, not in a second copy
-train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False,
-                  gradient_as_bucket_view=True) if ddp else model
+train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True,
+                  **no_buffer_sync) if ddp else model
 
 
 def get_lr(it):
@@ -498,11 +502,12 @@ if master:
 # log.jsonl: a new run starts it afresh; a resumed one drops what was logged after its checkpoint. eval_only
 # measures and prints, and leaves the log (and wandb) of the run it evaluates as they are.
 writes_log = master and not eval_only
+# the log lost lines its checkpoint saw (an interrupted write): every rank stops (the folder is shared), not rank 0 alone
+if init_from == "resume" and not eval_only and log_path.exists() and log_path.stat().st_size < log_bytes:
+    die(f"{log_path} is shorter than when {ckpt_path} was saved ({log_path.stat().st_size} < {log_bytes} bytes): "
+        f"the log was cut off or replaced; move it aside to resume (a new log starts), or start a new run")
 if writes_log:
     if init_from == "resume" and log_path.exists():
-        if log_path.stat().st_size < log_bytes:  # the log lost lines its checkpoint saw: an interrupted write
-            die(f"{log_path} is shorter than when {ckpt_path} was saved ({log_path.stat().st_size} < {log_bytes} bytes): "
-                f"the log was cut off or replaced; move it aside to resume (a new log starts), or start a new run")
         with open(log_path, "r+") as f:
             f.truncate(log_bytes)
     elif init_from != "resume":
