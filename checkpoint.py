@@ -33,7 +33,14 @@ def save_checkpoint(obj, path):
     Tensors are saved on the CPU, so that a plain torch.load works on a machine without the GPU
     they were trained on (torch.save keeps each tensor's device, and loading it needs that device)."""
     obj = to_cpu(obj)
-    write_atomic(path, lambda f: torch.save(obj, f))
+    try:
+        write_atomic(path, lambda f: torch.save(obj, f))
+    except RuntimeError as e:
+        # torch.save's zip writer turns a failed write (a full disk) into a RuntimeError as it closes, with the
+        # OSError as its context: raise that one, which says what happened and which callers catch
+        if isinstance(e.__context__, OSError):
+            raise e.__context__ from None
+        raise
 
 
 def to_cpu(obj):

@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -183,8 +184,13 @@ if init_from != "resume" and ckpt_path.exists() and (not eval_only or init_from 
     # and eval_only from scratch beside it would score a fresh model, not the checkpoint there
     die(f"{ckpt_path} holds an earlier run: {'evaluate' if eval_only else 'continue'} it with --init_from=resume, or "
         f"{'evaluate' if eval_only else 'train'} into another out_dir (or delete {out_dir} first)")
-if master:
-    out_dir.mkdir(parents=True, exist_ok=True)
+if not eval_only:  # (eval_only writes nothing there)
+    # on every rank (the folder is shared), so that all of them stop here together, before any work is done
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as e:
+        die(f"out_dir={out_dir} cannot be written ({e.strerror or e}): choose another out_dir")
 
 # -----------------------------------------------------------------------------
 # data: data/<dataset>/*_{train,val}_*.bin and meta.json, from prepare.py
@@ -232,7 +238,13 @@ def get_batch(split, windows):
     """x, y for the given window indices of a split (y is x shifted by one token)."""
     shard = np.searchsorted(first[split], windows, side="right") - 1
     rows = [data[split][k][i:i + block_size + 1] for k, i in zip(shard, windows - first[split][shard])]
-    xy = torch.from_numpy(np.stack(rows).astype(np.int64))
+    tokens = np.stack(rows)
+    if tokens.max() >= meta["vocab_size"]:  # (a few thousand numbers on the CPU: nothing next to a step)
+        k = shard[int(tokens.max(axis=1).argmax())]
+        die(f"a {split} shard holds token id {tokens.max()}, beyond the vocabulary of {meta['vocab_size']} in "
+            f"{data_dir / 'meta.json'} ({getattr(data[split][k], 'filename', f'{split} shard {k}')}): it is damaged "
+            f"or from another tokenizer; prepare the data again")
+    xy = torch.from_numpy(tokens.astype(np.int64))
     xy = torch.stack([xy[:, :-1], xy[:, 1:]])  # x and y side by side: one copy to the device, not two
     if device_type == "cuda":  # pinned memory lets the copy run asynchronously
         xy = xy.pin_memory().to(device, non_blocking=True)
@@ -411,8 +423,12 @@ def routing():
 def log_event(**record):
     """Append one JSON line to out_dir/log.jsonl (rank 0), and send its numbers to wandb if it logs."""
     if writes_log:
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # (rank 0 alone writes it: under torchrun, torchrun then ends the others)
+            die(f"could not write {log_path} ({e.strerror or e}): free space or make {out_dir} writable, "
+                f"then continue the run with --init_from=resume")
     if wandb_run is not None and record["event"] in ("train", "eval"):
         wandb_run.log(wandb_numbers(record), step=record["iter"])
     elif wandb_run is not None and record["event"] == "done":
@@ -540,8 +556,9 @@ def save_run(log_bytes):
         dist.all_gather_object(rngs, rng)  # every rank's dropout stream
     else:
         rngs = [rng]
+    failed = None
     if master:
-        save_checkpoint({
+        run_state = {
             "model": raw_model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(),
@@ -555,8 +572,19 @@ def save_run(log_bytes):
             "log_bytes": log_bytes,
             "wandb_run_id": wandb_run.id if wandb_run is not None else None,  # eval.py adds its scores there
             "elapsed_s": elapsed_before + time.time() - t_start,  # a resumed run's time counts from its start
-        }, ckpt_path)
-        print(f"saved {ckpt_path}")
+        }
+        try:
+            save_checkpoint(run_state, ckpt_path)
+            print(f"saved {ckpt_path}")
+        except OSError as e:  # a full disk, a folder made read-only: the atomic write left the old file whole
+            failed = (f"could not save {ckpt_path} ({e.strerror or e}); the checkpoint there, if any, is as it was: "
+                      f"free space or make {out_dir} writable, then continue it with --init_from=resume")
+    if ddp:  # every rank stops with rank 0, rather than wait for it in the next collective
+        failed = [failed]
+        dist.broadcast_object_list(failed, src=0)
+        failed = failed[0]
+    if failed:
+        die(failed)
     saved_iter = iter_num
 
 

@@ -536,6 +536,46 @@ def test_bad_inputs_are_one_line_errors(data, tmp_path):
         assert message in result.stderr, (name, result.stderr)
 
 
+def test_an_out_dir_that_cannot_be_written_is_refused_before_training(data, tmp_path):
+    """out_dir is tried before any work: a path through a file, or a file, is one line naming it (not a traceback)."""
+    (tmp_path / "a_file").write_text("")
+    for out_dir in (tmp_path / "a_file" / "out", tmp_path / "a_file"):
+        result = train(*TINY, f"--dataset={data}", f"--out_dir={out_dir}", "--max_iters=1", cwd=tmp_path, ok=False)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"error: out_dir={out_dir} cannot be written (")
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(data, tmp_path):
+    """A save that fails (here: a file-size limit, as a full disk fails it) stops the run with one line that says
+    the last checkpoint is whole and how to go on, and leaves no temporary file."""
+    import resource
+
+    def small_files():  # (SIGXFSZ ignored: a write past the limit then fails with EFBIG, as ENOSPC would)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))  # the log fits, a checkpoint (~400 kB) does not
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(TRAIN), *TINY, f"--dataset={data}", f"--out_dir={out}", "--max_iters=4",
+                             "--eval_interval=2"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+                            preexec_fn=small_files)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: could not save {out / 'ckpt.pt'} (File too large)")
+    assert "--init_from=resume" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["log.jsonl"]
+
+
+def test_a_token_beyond_the_vocabulary_is_a_one_line_error(tmp_path):
+    """A shard whose tokens do not fit its meta.json's vocabulary (damaged, or another tokenizer's) is named in
+    one line, where the embedding would fail with an index error."""
+    data = make_dataset(tmp_path / "syn")
+    tokens = np.arange(4_000) % VOCAB
+    tokens[::20] = VOCAB + 3  # in every window
+    write_shard(data / "syn_val_000000.bin", tokens)
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", cwd=tmp_path, ok=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"token id {VOCAB + 3}, beyond the vocabulary of {VOCAB}" in result.stderr
+    assert "syn_val_000000.bin" in result.stderr and "prepare the data again" in result.stderr
+
+
 def test_help_lists_every_key_and_the_config_files_are_valid(tmp_path):
     configs = [REPO / "config" / f"{name}.py" for name in
                ("train_shakespeare_char", "finetune_shakespeare_gpt2_delta", "train_gpt2_fineweb")]
