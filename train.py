@@ -7,7 +7,8 @@ Train a GPT with any residual mode, on one CPU or on many GPUs.
     python train.py --help                                  # every key, its default, what it does
 
 Reads the shards of data/<dataset>/ (prepare.py), writes out_dir/ckpt.pt and out_dir/log.jsonl.
-Started by torchrun it trains with DDP (NCCL on GPUs, gloo on CPUs), on any number of nodes.
+Started by torchrun it trains with DDP (NCCL on GPUs, gloo on CPUs), on any number of nodes that share a
+filesystem (data/ and out_dir).
 """
 
 import inspect
@@ -30,8 +31,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 from common import (NonFiniteLosses, allow_tf32, autocast, bind_device, die, hms, once_per_node, peak_flops,
                     process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
-from checkpoint import (GPT2_CONFIGS, converts_exactly, download_gpt2, load_checkpoint, load_gpt2, load_state_into,
-                        save_checkpoint)
+from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, converts_exactly, download_gpt2, load_checkpoint, load_gpt2,
+                        load_state_into, save_checkpoint)
 from download import DownloadError
 from model import GPT, GPTConfig
 from prepare import DATA_ROOT, DATASETS, prepare
@@ -41,7 +42,7 @@ from shards import ShardError, find_shards, load_meta, read_shard
 # default config values: the default run, a small delta model on pydocs (offline) in a few minutes on a CPU
 # I/O
 out_dir = "out"  # ckpt.pt and log.jsonl go here
-eval_interval = 500  # evaluate and checkpoint every this many iterations, and at the end
+eval_interval = 500  # evaluate at the first iteration, every this many and at the end; checkpoint there
 log_interval = 10  # a progress line every this many iterations
 eval_iters = 20  # batches per evaluation, always the same windows
 eval_only = False  # evaluate once, then exit
@@ -87,8 +88,8 @@ compile = False  # torch.compile the model
 compile_sublayers = False  # with compile: compile each layer's sublayers (two graphs every layer shares), routes left eager
 fused_route = True  # on CUDA, routes run as one Triton kernel each where Triton imports (False: model.py's plain route)
 bf16_sources = True  # fused route under bfloat16: routing sources (and block sums) in bfloat16, math in float32 (False: float32)
-peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure, else a measured matmul
-seed = 1337  # model init and training windows; same seed = same backbone in every residual mode
+peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure, or a measured matmul where none is listed
+seed = 1337  # model init, training windows and (seed + 1 + rank) dropout; same seed = same backbone in every mode
 # experiment tracking, as nanoGPT does it (needs `pip install wandb`)
 wandb_log = False  # also send what log.jsonl logs to Weights & Biases
 wandb_project = "nanoattnres"  # the wandb project
@@ -101,9 +102,10 @@ config, explicit = configurator.configure({k: globals()[k] for k in config_keys}
 
 # init_from=resume continues a run as it was: its settings come from its checkpoint, so `--init_from=resume
 # --out_dir=DIR` alone resumes it, whatever config file it started from. Set again, a setting takes effect
-# and is printed (its length, evaluation, schedule, dtype, compiling); except those that decide its batches
-# and what AdamW keeps in its own state, which would silently not (a new run from it may change them), and
-# the model's (checked with the model below). Where and how this command runs is its own.
+# and is printed (its length, evaluation, schedule, dtype, compiling, dropout); those that decide its batches
+# and what AdamW keeps in its own state (RESUMED_AS_TRAINED), and the model's shape (checked against the
+# checkpoint's model_args below), stop the run instead: a new run from it may change them. Where this command
+# runs is its own (NOT_RESUMED); the dtype is resumed as it was resolved (e.g. bfloat16), not re-chosen.
 RESUMED_AS_TRAINED = ("dataset", "gradient_accumulation_steps", "batch_size", "block_size", "seed",
                       "weight_decay", "beta1", "beta2", "res_query_lr_mult")
 NOT_RESUMED = ("init_from", "out_dir", "eval_only", "cache_dir", "device")  # (the device is stored resolved: cuda:0)
@@ -128,7 +130,7 @@ if config["init_from"] == "resume":
         elif k in RESUMED_AS_TRAINED:
             die(f"init_from=resume continues the run in {config['out_dir']} as it was, but {k}={config[k]!r} differs "
                 f"from its {trained[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
-        elif k not in model_keys or k == "dropout":
+        elif k not in model_keys or k == "dropout":  # (other model keys: checked when the model is built)
             changed.append(f"{k} {trained[k]!r} -> {config[k]!r}")
     if changed and int(os.environ.get("RANK", 0)) == 0:
         print(f"resuming {config['out_dir']} with: {', '.join(changed)}")
@@ -272,7 +274,7 @@ eval_windows = {split: np.linspace(0, first[split][-1] - 1, eval_iters * batch_s
 # -----------------------------------------------------------------------------
 # model: from scratch, resumed, or converted from a checkpoint or GPT-2 into the configured mode
 
-set_model_keys = {k: config[k] for k in model_keys if k in explicit and not (k == "vocab_size" and vocab_size == 0)}
+model_overrides = {k: config[k] for k in model_keys if k in explicit and not (k == "vocab_size" and vocab_size == 0)}
 iter_num, best_val_loss, state, elapsed_before = 0, float("inf"), None, 0.0
 source_tokenizer = None  # the tokenizer the source checkpoint was trained with
 if init_from == "scratch":
@@ -281,11 +283,12 @@ if init_from == "scratch":
         model_args["vocab_size"] = -(-meta["vocab_size"] // 64) * 64  # a multiple of 64 is faster
 elif init_from == "resume":  # (the checkpoint is loaded above, with the run's settings)
     model_args, state = ckpt["model_args"], ckpt["model"]
-    for k, v in set_model_keys.items():
-        if v != model_args[k] and k != "dropout":
+    for k, v in model_overrides.items():
+        was = model_args.get(k, DEFAULT_ARGS[k])  # (a checkpoint from before a GPTConfig field: its default)
+        if v != was and k != "dropout":
             die(f"init_from=resume continues the run in {out_dir} as it was, but {k}={v!r} differs from its "
-                f"{model_args[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
-    model_args = {**model_args, **set_model_keys}
+                f"{was!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
+    model_args = {**model_args, **model_overrides}
     iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
     source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
     wandb_run_id = ckpt.get("wandb_run_id")  # a resumed run logs on into the same wandb run
@@ -299,10 +302,10 @@ else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (RE
         else:
             if not Path(init_from).is_file():
                 die(f"init_from={init_from!r}: use scratch, resume, {', '.join(GPT2_CONFIGS)}, or the path of a checkpoint")
-            if Path(init_from).resolve() == ckpt_path.resolve():
+            if not eval_only and Path(init_from).resolve() == ckpt_path.resolve():
                 die(f"init_from={init_from} is the checkpoint this run writes: choose another out_dir, or init_from=resume")
-            # to the CPU first: mapped straight to the device, the checkpoint's weights and AdamW state
-            # would take GPU memory beside the model's, and on the GPU it was saved from
+            # to the CPU: ours are saved there, but another's (nanoGPT's) may hold GPU tensors, which would
+            # take GPU memory beside the model's
             ckpt = load_checkpoint(init_from, map_location="cpu")
             source_args, state = ckpt["model_args"], ckpt["model"]
             source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
@@ -312,7 +315,7 @@ else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (RE
         die(f"block_size={block_size} is longer than the context of {init_from}, {source_args['block_size']}: lower it")
     # the model trains with this run's block_size: a longer context is cropped to its first positions,
     # like nanoGPT's crop_block_size
-    model_args = {**source_args, **set_model_keys, "block_size": block_size}
+    model_args = {**source_args, **model_overrides, "block_size": block_size}
     if block_size < source_args["block_size"] and master:
         print(f"note: the context is cropped to block_size={block_size} from {init_from}'s {source_args['block_size']}"
               + ("" if "block_size" in explicit else " (train.py's default; set --block_size to keep more)"))
@@ -330,7 +333,7 @@ try:
     torch.manual_seed(seed)  # right before building: the same seed gives the same backbone in every mode
     raw_model = GPT(GPTConfig.from_dict(model_args))  # pseudo-queries start at zero and draw no random numbers
     if state is not None:
-        missing, _ = load_state_into(raw_model, state)  # pseudo-queries it lacks start where the function is kept
+        missing, _ = load_state_into(raw_model, state)  # pseudo-queries it lacks start at zero (rd's w_v: a copy of w_qk)
         if missing and master:
             print(f"converted {init_from} into {raw_model.config.residual}: {len(missing)} pseudo-queries start at zero")
         if init_from != "resume" and not converts_exactly(source_args, asdict(raw_model.config)) and master:
@@ -343,7 +346,8 @@ except ValueError as e:  # a bad model key, or a checkpoint of another shape
 if init_from not in ("scratch", "resume"):  # the log, wandb and the checkpoint name the model trained, not train.py's defaults
     config.update(asdict(raw_model.config))
 torch.manual_seed(seed + 1 + rank)  # dropout draws from its own stream, one per rank
-raw_model.fused_route, raw_model.bf16_sources = "auto" if fused_route else False, bf16_sources
+raw_model.fused_route = "auto" if fused_route else False  # (train.py's True: fused where CUDA and Triton allow)
+raw_model.bf16_sources = bf16_sources
 raw_model.to(device)
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, res_query_lr_mult)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
@@ -365,6 +369,8 @@ if init_from == "resume":
               "the training windows continue exactly, the dropout streams start afresh")
 ckpt = state = None  # free the memory
 start_iter = iter_num
+# One model under three names: raw_model is the module (its weights, config, routing statistics, clipping),
+# model what evaluates (compiled or not), train_model what trains (model, wrapped in DDP under torchrun)
 if compile and compile_sublayers:  # a compile as short at any depth (model.compile_sublayers; docs/speed.md)
     model = raw_model.compile_sublayers()
 else:
@@ -463,7 +469,8 @@ def loss_to_host(loss):
 
 
 def check_loss(it, host, arrived):
-    """The loss of iteration it as a float; stops the run when the loss is lost (NonFiniteLosses)."""
+    """The loss of iteration it as a float; stops the run when it is lost: non-finite (in float16, that many
+    iterations in a row: NonFiniteLosses)."""
     if arrived is not None:
         arrived.synchronize()
     lossf = host.item()
@@ -471,7 +478,7 @@ def check_loss(it, host, arrived):
         in_a_row = f" ({nonfinite.in_a_row} iterations in a row)" if nonfinite.limit > 1 else ""
         stop_lost_run(it, f"the loss is {lossf}", in_a_row)
     if not math.isfinite(lossf) and master:
-        print(f"iter {it}: the loss is {lossf}; the gradient scaler skips this step "
+        print(f"iter {it}: the loss is {lossf}; the gradient scaler skipped its step "
               f"({nonfinite.in_a_row} in a row, {nonfinite.limit} stop the run)")
     return lossf
 
@@ -546,7 +553,8 @@ def log_size():
 
 
 def save_run(log_bytes):
-    """Everything a resume needs into ckpt_path, atomically (rank 0 writes it; every rank gives its RNG state).
+    """Everything a resume needs into ckpt_path, atomically. Called on every rank: each gives its RNG state,
+    rank 0 writes, and a failed write stops every rank.
     log_bytes: the size of log.jsonl the checkpoint goes with (a resume cuts the log back to it)."""
     global saved_iter
     rng = dict(torch=torch.get_rng_state(), python=random.getstate(),
@@ -577,12 +585,14 @@ def save_run(log_bytes):
             save_checkpoint(run_state, ckpt_path)
             print(f"saved {ckpt_path}")
         except OSError as e:  # a full disk, a folder made read-only: the atomic write left the old file whole
-            failed = (f"could not save {ckpt_path} ({e.strerror or e}); the checkpoint there, if any, is as it was: "
-                      f"free space or make {out_dir} writable, then continue it with --init_from=resume")
+            failed = f"could not save {ckpt_path} ({e.strerror or e}); " + (
+                f"it still holds iter {saved_iter}: free space or make {out_dir} writable, then continue with "
+                "--init_from=resume" if saved_iter is not None else
+                f"nothing is saved yet: free space or make {out_dir} writable, and start the run again")
     if ddp:  # every rank stops with rank 0, rather than wait for it in the next collective
-        failed = [failed]
-        dist.broadcast_object_list(failed, src=0)
-        failed = failed[0]
+        box = [failed]
+        dist.broadcast_object_list(box, src=0)
+        failed = box[0]
     if failed:
         die(failed)
     saved_iter = iter_num
@@ -606,6 +616,19 @@ def request_stop(signum, frame):
     stop_signal, stop_time = signal.Signals(signum), time.time()  # (no print here: it may interrupt a print)
 
 
+def agree_on_stop():
+    """Whether to stop at this log line: a signal came. Under torchrun the ranks agree (one small all-reduce),
+    so that a rank that missed the signal, or got it later, stops with the others."""
+    global stop_signal, stop_time
+    if not ddp:
+        return stop_signal is not None
+    received = torch.tensor(stop_signal.value if stop_signal is not None else 0, device=device)
+    dist.all_reduce(received, op=dist.ReduceOp.MAX)
+    if received.item() > 0 and stop_signal is None:  # another rank's signal
+        stop_signal, stop_time = signal.Signals(received.item()), time.time()
+    return received.item() > 0
+
+
 # (while training only, and not where the signal is ignored: a shell starts a background job with SIGINT ignored)
 handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 for sig, handler in handlers.items():
@@ -622,7 +645,7 @@ saved_iter = iter_num if init_from == "resume" else None  # the iteration of the
 unread = None  # (iter, loss on the host, its event): the last iteration whose loss is not checked yet
 while True:
 
-    # evaluate, log the routing, checkpoint (and on resuming: the log was cut back to before that evaluation)
+    # evaluate, log the routing, checkpoint (a resumed run evaluates again at its first iteration)
     if iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only or iter_num == start_iter:
         if unread:  # nothing is evaluated or saved after a lost iteration
             check_loss(*unread)
@@ -644,7 +667,8 @@ while True:
         if master:
             print(line)
         log_event(**record)
-        improved, best_val_loss = val_loss < best_val_loss, min(best_val_loss, val_loss)
+        improved = val_loss < best_val_loss
+        best_val_loss = min(best_val_loss, val_loss)
         # save what is new: any iteration after the start, or a converted model at its start
         is_new = iter_num > start_iter or init_from not in ("scratch", "resume")
         if (improved or always_save_checkpoint) and is_new and not eval_only:
@@ -696,7 +720,7 @@ while True:
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
 
-    # log: time per iteration averaged since the last line
+    # log: time per iteration averaged since the last log line or evaluation
     iters_since_log += 1
     if iter_num % log_interval == 0:
         lossf = check_loss(*unread)  # this iteration's, read now for the line
@@ -712,13 +736,7 @@ while True:
         log_event(event="train", iter=iter_num, loss=lossf, lr=lr, ms_per_iter=dt * 1000,
                   tokens_per_s=tokens_per_iter / dt, mfu=mfu)
         t_last, iters_since_log = time.time(), 0
-        stopping = stop_signal is not None
-        if ddp:  # stop together: a rank that missed the signal (or got it later) stops with the others
-            received = torch.tensor(stop_signal.value if stopping else 0, device=device)
-            dist.all_reduce(received, op=dist.ReduceOp.MAX)
-            stopping = received.item() > 0
-            if stopping and stop_signal is None:  # another rank's signal
-                stop_signal, stop_time = signal.Signals(received.item()), time.time()
+        stopping = agree_on_stop()
     iter_num += 1
 
 for sig, handler in handlers.items():  # the summary stops at a first Ctrl-C
@@ -730,10 +748,10 @@ done_ckpt = str(ckpt_path) if saved_iter is not None else None  # this run's che
 log_event(event="done", iter=iter_num, val_loss=val_loss, best_val_loss=best_val_loss, ckpt=done_ckpt,
           elapsed_s=elapsed_before + elapsed)  # (resumed: with the time up to its checkpoint, not what was lost after)
 if master:
-    trained = iter_num - start_iter
+    iters_run = iter_num - start_iter
     took = f"{elapsed:.0f} s" if elapsed < 100 else f"{elapsed / 60:.1f} min"
-    print(f"\ndone: {trained} iterations in {took}"
-          + (f" ({trained * tokens_per_iter / elapsed:,.0f} tokens/s overall)" if trained else ""))
+    print(f"\ndone: {iters_run} iterations in {took}"
+          + (f" ({iters_run * tokens_per_iter / elapsed:,.0f} tokens/s overall)" if iters_run else ""))
     print(f"val loss {val_loss:.4f} (best {best_val_loss:.4f}; {first_val:.4f} at iter {start_iter})")
     if stats and summary:
         deep = stats[summary["deepest"]]
