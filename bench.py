@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from common import (DTYPES, autocast, boolean, die, peak_flops, provenance, resolve_device_and_dtype, run_settings,
-                    synchronize, triton_version)
+from common import (DTYPES, autocast, boolean, cannot_write, die, peak_flops, provenance, resolve_device_and_dtype,
+                    run_settings, synchronize, triton_version, write_atomic)
 from model import GPT, GPTConfig
 
 PROMPT_TOKENS = 16  # decoding is timed after a prompt of this many tokens, in the cache of block_size positions
@@ -51,6 +51,12 @@ def row_settings(name):
     if name.startswith("folded/"):
         return dict(run_settings("dlr/" + name.partition("/")[2]), fold=True)
     return run_settings(name)
+
+
+# the options that count something, and what they count: 0 or less would end in a traceback (an empty
+# min(), a division by zero, torch refusing the threads) or print a table of zeros or negative tokens/s
+COUNTS = {"batch_size": "sequences per batch", "rounds": "rounds", "train_steps": "training steps per round",
+          "decode_tokens": "decoded tokens per round", "threads": "threads", "rank": "low-rank dimensions"}
 
 
 def parse_args():
@@ -88,6 +94,15 @@ def parse_args():
     p.add_argument("--plot", default=None, metavar="PNG", help="run nothing: plot the ratios of the given --json files against width")
     p.add_argument("inputs", nargs="*", metavar="JSON", help="with --plot: files written by --json, one width (and setting) each")
     args = p.parse_args()
+    for option, what in COUNTS.items():
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            default = ", or leave it out for the default" if p.get_default(option) is None else ""
+            p.error(f"--{option}={value}: give a positive number of {what}{default}")
+    if args.json:  # found unwritable only after the benchmark, its figures would be lost
+        problem = cannot_write(args.json)
+        if problem:
+            p.error(f"cannot write --json {args.json}: {problem}")
     if bool(args.plot) != bool(args.inputs):
         p.error("--plot and JSON files go together: python bench.py --plot=OUT.png A.json B.json ...")
     if args.compile_sublayers and not args.compile:
@@ -396,13 +411,16 @@ def run(args):
         print(f"| {r['name']:<22} | {r['phase']:<6} | {r['tokens_per_s']:>10,.0f} | {r['ratio']:>6.3f} | "
               f"{r['reference']:<16} | {mem:>8} | {mem_ratio:>9} | {100 * r['mfu']:>5.1f}% |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": args.device, "dtype": args.dtype, "compile": args.compile,
-                       "compile_sublayers": args.compile_sublayers, **provenance(args.device),
-                       "triton": triton_version(), "date": time.strftime("%Y-%m-%d"),
-                       "fused_route": fused, "route_tile": route_tile() if fused else None,
-                       "paired_route_tile": route_tile(2) if fused else None,
-                       "matmul_peak_flops": peak, "config": vars(args), "rows": results}, f, indent=1)
+        text = json.dumps({"device": args.device, "dtype": args.dtype, "compile": args.compile,
+                           "compile_sublayers": args.compile_sublayers, **provenance(args.device),
+                           "triton": triton_version(), "date": time.strftime("%Y-%m-%d"),
+                           "fused_route": fused, "route_tile": route_tile() if fused else None,
+                           "paired_route_tile": route_tile(2) if fused else None,
+                           "matmul_peak_flops": peak, "config": vars(args), "rows": results}, indent=1)
+        try:
+            write_atomic(args.json, lambda f: f.write(text.encode()))
+        except OSError as e:  # a full disk, or the folder changed during the run: the table above has the figures
+            die(f"cannot write --json {args.json} ({e.strerror or e}); the table above holds the figures")
         print(f"wrote {args.json}")
 
 

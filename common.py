@@ -25,6 +25,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -67,6 +68,25 @@ def write_atomic(path, write):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def cannot_write(path):
+    """Why a file cannot be written at path, in a few words, or None where it can: asked before the
+    work that makes the file, so that no one waits for an evaluation or a fold to learn it. The folders
+    write_atomic would make are taken as made where their nearest existing one can be written in."""
+    path = Path(path)
+    folder = path.parent
+    try:  # (a folder that cannot be searched makes even is_dir and exists raise)
+        if path.is_dir():
+            return "it is a folder"
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            return f"{folder} is a file, not a folder"
+        tempfile.TemporaryFile(dir=folder).close()  # the one check that sees permissions, read-only disks and quotas alike
+    except OSError as e:
+        return f"cannot create a file in {folder} ({e.strerror})"
+    return None
 
 
 def durable_replace(src, dst):
@@ -260,7 +280,6 @@ def resolve_dtype(dtype, device):
     On a CPU bfloat16 autocast costs more in casts than it saves at the default size, and wins from
     about 256 wide (docs/speed.md, "Measurements behind the code"): pass dtype=bfloat16 for larger
     CPU models. Raises ValueError for an unknown dtype."""
-    import torch
     if dtype == "auto":
         if device.startswith("cuda"):
             return "bfloat16" if has_bf16_hardware(device) else "float16"

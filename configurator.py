@@ -84,10 +84,12 @@ def configure(defaults, argv, script):
             sys.exit(0)
         if not arg.startswith("--"):  # a config file
             try:
-                with open(arg) as f:
+                with open(arg, encoding="utf-8") as f:  # Python source is UTF-8
                     source = f.read()
             except OSError as e:
                 die(f"cannot read config file {arg} ({e.strerror})", 2)
+            except UnicodeDecodeError:  # binary: most likely `python train.py out/ckpt.pt`, meant as init_from
+                die(f"{arg} is not a Python config file (a checkpoint? pass it as --init_from={arg})", 2)
             namespace = {}
             try:
                 exec(compile(source, arg, "exec"), namespace)

@@ -9,7 +9,7 @@ Range), asked If-Range the file is still the one the part began (by the ETag or
 Last-Modified it came with, kept in dest + ".part.validator"): a file changed on the
 server in between is fetched whole, never stitched from two versions. Timeouts,
 dropped connections and 5xx answers are retried with exponential
-backoff; 4xx answers fail at once. Only when the file has the length the server
+backoff; 4xx answers fail at once, and so does a URL that is not http(s). Only when the file has the length the server
 announced is it renamed (durably: common.durable_replace) to dest. Where the server
 publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
 shards), the bytes must match it too, or they are fetched again; the verified hash is
@@ -42,6 +42,10 @@ class _Retry(Exception):
 
 class _Refused(Exception):
     """A failure no attempt will change: the server refused the request (a 4xx)."""
+
+
+class _NotAnURL(Exception):
+    """requests cannot even send the request: the URL has no scheme, another scheme than http(s), or no host."""
 
 
 def _content_range(value):
@@ -186,6 +190,8 @@ def _attempt(url, part, timeout, desc, quiet):
         raise _Retry(f"cannot reach host {urlsplit(url).netloc} ({_reason(e)})") from None
     except requests.exceptions.Timeout:
         raise _Retry(f"no answer from {urlsplit(url).netloc} within {timeout} s") from None
+    except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL):
+        raise _NotAnURL() from None
     except requests.exceptions.RequestException as e:
         raise _Retry(f"{type(e).__name__}: {_reason(e)}") from None
     size = part.stat().st_size
@@ -242,6 +248,8 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
             problem = str(e)
         except _Refused as e:
             raise DownloadError(f"{e}, or {mirror}") from None
+        except _NotAnURL:  # the defaults are sound URLs: this one came from where mirror says a mirror goes
+            raise DownloadError(f"{url!r} is not an http(s) URL (https://host/path): {mirror}") from None
     else:
         hint = "run again to resume" if part.exists() else "check your network"
         attempts = f"{retries + 1} attempt" + ("s" if retries else "")

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_for_inference
-from common import DTYPES, autocast, die, provenance, resolve_device_and_dtype, task_scores, write_atomic
+from common import DTYPES, autocast, cannot_write, die, provenance, resolve_device_and_dtype, task_scores, write_atomic
 from download import DownloadError
 
 try:
@@ -265,6 +265,18 @@ def results_path(args, ckpt_path):
     return Path(args.out_dir) / f"{args.init_from}.eval.json"
 
 
+def writable_results_path(args, ckpt_path):
+    """results_path, checked before the evaluation: found unwritable after it, hours of scores would be
+    lost. ValueError that names the file where it cannot be written."""
+    out = results_path(args, ckpt_path)
+    problem = cannot_write(out)
+    if problem:
+        fix = ("eval.py writes them next to the checkpoint: copy it into a folder you can write" if args.init_from == "resume"
+               else "choose another --out_dir")
+        raise ValueError(f"cannot write the results to {out}: {problem}; {fix}")
+    return out
+
+
 def log_to_wandb(ckpt, scores):
     """The scores into Weights & Biases when the checkpoint's training logged there (train.py's
     wandb_log=True): into its very run where the checkpoint records the run's id, else into a new run
@@ -293,6 +305,7 @@ def main(argv=None):
         die(f"eval.py runs lm-evaluation-harness, which is not installed: {INSTALL}")
     path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
     try:
+        out = writable_results_path(args, path)
         manager = task_manager(args.tasks, args.include_path)
         model, tokenizer, ckpt = load_for_inference(args.init_from, path, args.device, args.cache_dir)
         tasks = load_tasks(manager, args.tasks)
@@ -304,14 +317,17 @@ def main(argv=None):
     if results.get("groups"):
         print(make_table(results, "groups"))
 
-    out, scores = results_path(args, path), task_scores(results)
+    scores = task_scores(results)
     record = dict(checkpoint=str(path) if args.init_from == "resume" else args.init_from,
                   iter_num=(ckpt or {}).get("iter_num"), model_args=asdict(model.config), tokenizer=tokenizer.name,
                   tasks=args.tasks, limit=args.limit, batch_size=args.batch_size, dtype=args.dtype,
                   command=" ".join(["python eval.py", *argv]), **provenance(args.device),
                   scores={k: v for k, (v, _) in scores.items()}, harness=results)
     text = json.dumps(record, indent=1, default=handle_non_serializable) + "\n"
-    write_atomic(out, lambda f: f.write(text.encode()))
+    try:
+        write_atomic(out, lambda f: f.write(text.encode()))
+    except OSError as e:  # a full disk, or the folder changed during the evaluation: the table above has the scores
+        die(f"cannot write the results to {out} ({e.strerror or e}); the table above holds the scores")
     print(f"wrote {out}")
     log_to_wandb(ckpt, scores)
     return record

@@ -17,6 +17,9 @@ shapes are that model's) and checked against the original: the largest logit dif
 of random tokens; the parameter count and training FLOPs per token are printed. The rest of the
 checkpoint (training config, dataset_meta, iter_num) is kept so sample.py can use it; the
 optimizer state is dropped, as it belongs to the weights before the fold.
+
+--out must not exist yet: a training checkpoint there (its optimizer state, its iteration) would be
+lost. --overwrite replaces an earlier fold's file; the input checkpoint itself is never replaced.
 """
 
 import argparse
@@ -26,7 +29,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import load_model, load_state_into, save_checkpoint
-from common import boolean, die, resolve_device
+from common import boolean, cannot_write, die, resolve_device
 from model import GPT, GPTConfig, LowRankLinear
 
 # The check fails when max |logit diff| exceeds this fraction of max |logit|. A fold stores the very
@@ -40,7 +43,9 @@ CHECK_RTOL = 1e-2
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", default="out/ckpt.pt", help="the checkpoint to fold")
-    p.add_argument("--out", required=True, help="where to write the folded checkpoint (never the input)")
+    p.add_argument("--out", required=True, help="where to write the folded checkpoint (a new file, never the input)")
+    p.add_argument("--overwrite", type=boolean, nargs="?", const=True, default=False,
+                   help="replace --out if it exists (without it, an existing --out is refused: it may be a training checkpoint)")
     p.add_argument("--dense", type=boolean, nargs="?", const=True, default=False, help="also multiply out B A into dense weights")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | mps | auto")
     p.add_argument("--check_batch", type=int, default=4, help="sequences in the verification batch")
@@ -61,6 +66,18 @@ def same_file(a, b):
     if a.resolve() == b.resolve():
         return True
     return a.exists() and b.exists() and os.path.samefile(a, b)
+
+
+def check_out(args):
+    """Exit with a one-line error, before any work, if --out cannot or must not be written."""
+    if same_file(args.ckpt, args.out):
+        die(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out-dlr/folded.pt")
+    problem = cannot_write(args.out)
+    if problem:
+        die(f"cannot write --out {args.out}: {problem}; choose another --out")
+    if Path(args.out).exists() and not args.overwrite:
+        die(f"--out {args.out} already exists (a training checkpoint there would be lost): "
+            "choose another --out, or pass --overwrite to replace it")
 
 
 def lowrank_linears(model):
@@ -94,8 +111,7 @@ def all_logits(model, idx):
 
 def main(argv=None):
     args = parse_args(argv)
-    if same_file(args.ckpt, args.out):
-        die(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out-dlr/folded.pt")
+    check_out(args)
     try:
         model, ckpt = load_model(args.ckpt, args.device, dropout=0.0)
     except (FileNotFoundError, ValueError) as e:
@@ -144,7 +160,10 @@ def main(argv=None):
     out = {k: v for k, v in ckpt.items() if k != "optimizer"}  # the optimizer state belongs to the old weights
     out.update(model=new_state, model_args=new_args,
                fold={"from": str(args.ckpt), "dense": args.dense, "max_abs_logit_diff": diff})
-    save_checkpoint(out, args.out)
+    try:
+        save_checkpoint(out, args.out)
+    except OSError as e:  # a full disk, or the folder changed since check_out: write_atomic left nothing behind
+        die(f"cannot write --out {args.out} ({e.strerror or e}); choose another --out")
     print(f"wrote {args.out} (dlr=False{', lowrank_rank=0' if args.dense else ''}; optimizer state dropped)")
     if args.dense and cfg.residual != "standard":
         print(f"note: the export keeps residual={cfg.residual}; GPT-2 style tools load only standard checkpoints")

@@ -151,6 +151,13 @@ def load_meta(data_dir):
              if not isinstance(meta[key], kind) or isinstance(meta[key], bool)]  # JSON true is no vocab_size
     if wrong:
         raise ShardError(f"{path}: {', '.join(wrong)}: {_remedy(path)}")
+    # checked here, where the fix is known: else training runs to its end before sample.py refuses the
+    # tokenizer, and a vocab_size of 0 reaches the model as a GPTConfig error about a value no one set
+    if meta["tokenizer"] not in TOKENIZERS:
+        raise ShardError(f"{path} names the tokenizer {meta['tokenizer']!r}, which this project does not have "
+                         f"({', '.join(TOKENIZERS)}): {_remedy(path)}")
+    if meta["vocab_size"] < 1:
+        raise ShardError(f"{path} says vocab_size={meta['vocab_size']}, a vocabulary needs at least one token: {_remedy(path)}")
     return meta
 
 

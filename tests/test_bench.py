@@ -171,6 +171,31 @@ def test_decoding_past_the_context_is_a_one_line_error():
         in result.stderr
 
 
+@pytest.mark.parametrize("option", ["--rounds=0", "--train_steps=0", "--decode_tokens=0", "--decode_tokens=-1",
+                                    "--batch_size=0", "--threads=-1", "--threads=0", "--rank=-3"])
+def test_counts_below_one_are_usage_errors(option, monkeypatch, capsys):
+    """Each would end the run in a traceback (an empty min(), a division by zero, torch refusing the
+    threads), or a table of zeros or negative tokens/s: refused with the options."""
+    import bench
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, option])
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {option}: give a positive number of " in err
+
+
+def test_a_json_that_cannot_be_written_is_refused_before_the_benchmark(tmp_path, monkeypatch, capsys):
+    import bench
+    monkeypatch.setattr(bench, "run", lambda args: pytest.fail("benchmarked before checking --json"))
+    (tmp_path / "a_file").write_text("")
+    for path, problem in ((tmp_path, "it is a folder"), (tmp_path / "a_file" / "b.json", f"{tmp_path / 'a_file'} is a file")):
+        monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, f"--json={path}"])
+        with pytest.raises(SystemExit) as e:
+            bench.main()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"error: cannot write --json {path}: {problem}" in err
+
+
 def test_a_row_brings_its_chain_of_references(tmp_path):
     """folded is compared with lowrank, which is compared with dense: asking for folded runs all three."""
     result = run_bench("--rows=folded/rank=8", f"--json={tmp_path / 'b.json'}")

@@ -371,6 +371,30 @@ def test_one_line_errors(tasks, tmp_path, capsys):
     assert "`lm-eval ls tasks` lists the harness's tasks" in err
 
 
+def test_results_that_cannot_be_written_stop_before_the_evaluation(tasks, tmp_path, capsys, monkeypatch):
+    """A results file that cannot be written (here a folder in its place: the tests run as root, whom no
+    permission stops) is one line naming it before anything is scored, not a traceback after it all; a
+    write that fails after all (a full disk) is one line that points at the table printed above."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    (tmp_path / "ckpt.eval.json").mkdir()
+    argv = [f"--ckpt={ckpt}", "--tasks=tiny_choice", f"--include_path={tasks}", "--device=cpu"]
+    real = evaluate.simple_evaluate
+    monkeypatch.setattr(evaluate, "simple_evaluate", lambda *a, **k: pytest.fail("evaluated before checking the results path"))
+    code, _, err, _ = run_main(argv, capsys)
+    assert code == 1 and err.count("\n") == 1 and err.startswith(
+        f"error: cannot write the results to {tmp_path / 'ckpt.eval.json'}: it is a folder; eval.py writes them next to")
+    (tmp_path / "ckpt.eval.json").rmdir()
+
+    def disk_full(path, write):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(evaluate, "simple_evaluate", real)
+    monkeypatch.setattr(evaluate, "write_atomic", disk_full)
+    code, out, err, _ = run_main(argv, capsys)
+    assert code == 1 and "|tiny_choice|" in out.replace(" ", "") and "Traceback" not in err  # (err: the harness's log too)
+    assert err.endswith(f"\nerror: cannot write the results to {tmp_path / 'ckpt.eval.json'} (No space left on device); "
+                        "the table above holds the scores\n")
+
+
 def test_no_network_names_the_dataset(tasks, tmp_path):
     """A task whose dataset must come from the Hugging Face hub, with the hub out of reach (offline mode:
     no retries), stops in one line that names the dataset."""

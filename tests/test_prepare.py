@@ -148,6 +148,23 @@ def test_download_offline_says_which_host(tmp_path):
         download(f"http://127.0.0.1:{port}/x", tmp_path / "x", retries=1, backoff=0, quiet=True)
 
 
+@pytest.mark.parametrize("url", ["not a url/x", "ftp://127.0.0.1/x", "http:///x"])
+def test_a_malformed_url_fails_at_once_naming_its_setting(tmp_path, monkeypatch, url):
+    """No scheme, another scheme than http(s), no host: no retry can help (each used to be retried, then
+    blamed on the network), so the first attempt ends in one line with the caller's advice, which names
+    the setting the URL came from."""
+    import requests
+    attempts = []
+    real_get = requests.get
+    monkeypatch.setattr(requests, "get", lambda *a, **k: attempts.append(a) or real_get(*a, **k))
+    for mirror in (None, "set HF_ENDPOINT to a mirror"):
+        with pytest.raises(DownloadError) as e:
+            download(url, tmp_path / "x", backoff=0, quiet=True, **({"mirror": mirror} if mirror else {}))
+        advice = mirror or "pass --url for a mirror"
+        assert str(e.value) == f"{url!r} is not an http(s) URL (https://host/path): {advice}"
+    assert len(attempts) == 2 and list(tmp_path.iterdir()) == []
+
+
 def test_download_checks_expected_size_and_skips_existing(tmp_path):
     with LocalServer({"/blob": BLOB}) as server:
         with pytest.raises(DownloadError, match="expected 123"):
@@ -590,6 +607,7 @@ def test_cli_errors_are_one_line(tmp_path):
             "404": (["shakespeare", "--url", fineweb.url + "/nowhere", "--out", tmp_path / "a"], "HTTP 404"),
             "corrupt": (["fineweb10B", "--url", fineweb.url, "--out", tmp_path / "b"], "fineweb_val_000000.bin"),
             "empty input": (["text", "--input", tmp_path / "empty", "--out", tmp_path / "c"], "no .txt files"),
+            "not a url": (["shakespeare", "--url", "not a url", "--out", tmp_path / "d"], "is not an http(s) URL (https://host/path): pass --url"),
         }
         for case, (args, expected) in cases.items():
             result = run_cli(*args)

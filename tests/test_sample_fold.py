@@ -167,6 +167,41 @@ def test_fold_never_overwrites_its_input(tmp_path, capsys):
     assert ckpt.read_bytes() == before
 
 
+def test_fold_keeps_an_existing_out_unless_told_to_overwrite(tmp_path, capsys):
+    """--out naming another run's checkpoint (optimizer state, iteration: resumable) is refused before any
+    work, the file untouched; --overwrite replaces it with the fold."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", **DLR)
+    other = write_ckpt(tmp_path / "other" / "ckpt.pt", **DLR)
+    before = other.read_bytes()
+    code, out, err = run(fold, ["--ckpt", ckpt, "--out", other], capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"error: --out {other} already exists") and "pass --overwrite to replace it" in err
+    assert other.read_bytes() == before
+    code, _, err = run(fold, ["--ckpt", ckpt, "--out", other, "--overwrite"], capsys)
+    assert code == 0, err
+    assert load_checkpoint(other)["model_args"]["dlr"] is False and "optimizer" not in load_checkpoint(other)
+
+
+def test_fold_refuses_an_out_it_cannot_write_before_folding(tmp_path, capsys, monkeypatch):
+    """A folder, or a path under a file, is one line naming it, before the fold (nothing printed); a write
+    that fails after all (a full disk) is one line too, with nothing left behind."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", **DLR)
+    (tmp_path / "a_folder").mkdir()
+    for out, problem in ((tmp_path / "a_folder", "it is a folder"),
+                         (ckpt / "folded.pt", f"{ckpt} is a file, not a folder"),
+                         (ckpt / "sub" / "folded.pt", f"{ckpt} is a file, not a folder")):
+        for overwrite in ([], ["--overwrite"]):
+            code, printed, err = run(fold, ["--ckpt", ckpt, "--out", out, *overwrite], capsys)
+            assert (code, printed, err) == (1, "", f"error: cannot write --out {out}: {problem}; choose another --out\n")
+
+    def disk_full(obj, path):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(fold, "save_checkpoint", disk_full)
+    code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt"], capsys)
+    assert code == 1 and err == f"error: cannot write --out {tmp_path / 'folded.pt'} (No space left on device); choose another --out\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_folder", "ckpt.pt"]
+
+
 def test_fold_check_catches_a_wrong_fold(tmp_path, capsys, monkeypatch):
     """The verification is real: a dense export that loses the biases is not written."""
     ckpt = write_ckpt(tmp_path / "ckpt.pt", lowrank_rank=8, lowrank_act="identity")

@@ -154,6 +154,14 @@ def test_meta_round_trip_and_missing_meta(tmp_path):
     ({"tokenizer": "bytes", "vocab_size": "256", "train_tokens": 9, "val_tokens": True,
       "command": "python prepare.py shakespeare"}, "vocab_size should be int, got str, val_tokens should be int, got bool"),
     ([], "is not a JSON object ({...})"),
+    # a tokenizer no reader has (training would run to its end, sample.py then refuse it), a vocabulary of
+    # no tokens (GPTConfig would name vocab_size=0, a value the user never set)
+    ({"tokenizer": "foo", "vocab_size": 256, "train_tokens": 9, "val_tokens": 1, "command": "python prepare.py shakespeare"},
+     "names the tokenizer 'foo', which this project does not have (bytes, gpt2)"),
+    ({"tokenizer": "bytes", "vocab_size": 0, "train_tokens": 9, "val_tokens": 1, "command": "python prepare.py shakespeare"},
+     "says vocab_size=0, a vocabulary needs at least one token"),
+    ({"tokenizer": "gpt2", "vocab_size": -5, "train_tokens": 9, "val_tokens": 1, "command": "python prepare.py shakespeare"},
+     "says vocab_size=-5"),
 ])
 def test_incomplete_or_odd_meta_is_a_one_line_error(tmp_path, meta, problem):
     """What the readers index (train.py: tokenizer, vocab_size, train_tokens, val_tokens) is checked on

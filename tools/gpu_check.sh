@@ -90,7 +90,7 @@ if wants train || wants sample; then
     fi
     if wants sample; then
       part sample 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200
-      part fold 120 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
+      part fold 120 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --overwrite --device=cuda
       part sample_folded 120 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
     fi
   ) &
