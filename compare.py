@@ -38,11 +38,13 @@ of a sweep are named so (folders too: runs/n_layer=16/rd/res_blocks=4/seed0). Ea
 `python train.py <config> --out_dir=<out_dir>/compare/runs/<name>/seed<k> --seed=<k> <the run's
 settings> <your --key=value>`. A run whose log.jsonl has a `done` event is not trained again, so
 rerunning the command resumes the grid (an unfinished run continues from its checkpoint, exactly, or starts
-over where it has none or began with other code: the repository's .py files and the config file; Ctrl-C
-stops the running ones with a checkpoint each, with always_save_checkpoint=True, train.py's default;
-a finished one with other
-train.py arguments is an error, not a silent mix). Runs go value by value, seed by seed: the
-cheapest values first, and each value's table is complete before the next one starts.
+over where it has none; Ctrl-C stops the running ones with a checkpoint each, with always_save_checkpoint=True,
+train.py's default). Runs are told apart by the settings their arguments stand for, not by how the
+command spells them: the same flags in another order are the same runs. A checkpoint is never deleted:
+one begun with other train.py settings or other code (the repository's .py files and the config file)
+is an error that says what differs, and so is a finished run whose log records other settings than
+the grid gives now (config file, command line, the run's own): not a silent mix. Runs go value by
+value, seed by seed: the cheapest values first, and each value's table is complete before the next one starts.
 
 Paired protocol (as in the RD paper): train.py seeds the backbone init and the batch order with
 --seed only, so for a given seed every run starts from the same weights and sees the same batches;
@@ -65,6 +67,7 @@ torch threads, runs at a time). Finished runs kept from earlier commands may hav
 results.md then says which run trained where.
 """
 
+import ast
 import hashlib
 import heapq
 import importlib.util
@@ -84,7 +87,7 @@ from pathlib import Path
 import numpy as np
 
 import configurator
-from common import REFERENCE, die, hms, routing_summary, run_name, split_point, task_scores
+from common import REFERENCE, cannot_write, die, hms, routing_summary, run_name, split_point, task_scores
 from common import run_settings as common_run_settings
 from figures import comparisons, plot_max_weight, plot_routing, plot_sweep, plot_sweep_max_weight, plot_val_loss
 
@@ -581,23 +584,87 @@ def train_args(config, run_dir, seed, name, passthrough):
             if not a.startswith(("--out_dir=", "--wandb_"))]
 
 
+def read_train_args(run_dir, remedy):
+    """The train.py arguments a run began with (its train_args.json). A file that is not such a list is
+    a ValueError that names it, ending in remedy: what to do about it."""
+    path = Path(run_dir) / "train_args.json"
+    try:
+        args = json.loads(path.read_text())
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError("not a list of train.py arguments")
+    except OSError as e:  # (a folder with a checkpoint but not this file: not begun by compare.py)
+        raise ValueError(f"cannot read {path} ({e.strerror}), so what the run trains is unknown: {remedy}") from None
+    except ValueError as e:  # (JSON's errors are ValueErrors too)
+        raise ValueError(f"{path} is damaged ({e}): {remedy}") from None
+    return args
+
+
+def arg_settings(args):
+    """The settings train.py arguments stand for, read left to right as train.py reads them: its defaults,
+    then each config file's settings and each --key=value. So the same flags in another order, 1e-3 and
+    0.001, or a flag that repeats what the config file says, are one run. A key train.py no longer has, or
+    a value it would refuse, is kept as written: it differs from anything the grid gives now."""
+    settings = dict(TRAIN_DEFAULTS)
+    for arg in args:
+        if not arg.startswith("--"):  # a config file (differing_args reads only the grid's own, which exists)
+            values, given = configurator.configure(TRAIN_DEFAULTS, [arg], str(TRAIN))
+            settings.update({k: values[k] for k in given})
+            continue
+        key, _, text = arg[2:].partition("=")
+        try:
+            settings[key] = text if isinstance(TRAIN_DEFAULTS.get(key), str) else ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            settings[key] = text
+    return settings
+
+
+def differing_args(old, new):
+    """What two lists of a run's train.py arguments (train_args.json's) set differently, as
+    ['max_iters=40000 (now 50000)', ...]; [] where they stand for the same settings. Config files are
+    compared by name: what a file says, a finished run's log tells (changed_setting)."""
+    files = [" ".join(a for a in args if not a.startswith("--")) or "none" for args in (old, new)]
+    if files[0] != files[1]:
+        return [f"config file {files[0]} (now {files[1]})"]
+    was, now = arg_settings(old), arg_settings(new)
+    shown = lambda settings, key: repr(settings[key]) if key in settings else "unset"
+    return [f"{key}={shown(was, key)} (now {shown(now, key)})" for key in sorted(was.keys() | now.keys())
+            if key not in was or key not in now or was[key] != now[key]]
+
+
 def changed_setting(config, run_dir, seed, name, passthrough):
-    """(key, value trained with, value now) for the first setting of the config file that the finished run in
-    run_dir did not train with, else None. train_args.json names the config file, not what it says: the
-    run's log does (its start line records every setting). The device and dtype are recorded as resolved
-    (auto -> cpu), and so is vocab_size=0 (from the data) in a run started from a checkpoint: not compared."""
+    """(key, value trained with, value now, what gives it now) for the first setting the grid gives this
+    run (the config file's, the run's own: its name and seed, the command line's) that the finished run in
+    run_dir did not train with, else None. Its log's start line records every setting it trained with,
+    whether or not it has a train_args.json (a run trained before compare.py wrote one has none), and what
+    the config file said then. Not compared: where it wrote and reported (out_dir, wandb_*), and what the
+    log records resolved, not as given: the device (auto -> cpu; a run may finish on another machine),
+    dtype=auto and vocab_size=0 (the data's)."""
     start = next((e for e in read_log(run_dir) if e.get("event") == "start"), None)
-    if not config or not start:
+    if not start:
         return None
     trained = start.get("config", {})
-    from_file = configurator.configure(TRAIN_DEFAULTS, [config], str(TRAIN))[1]
-    now = train_settings(config, [f"--seed={seed}", *[f"--{k}={v}" for k, v in run_settings(name).items()], *passthrough])
-    for key in sorted(from_file - {"device", "dtype", "out_dir"}):
-        value = json.loads(json.dumps(now[key]))  # as the log holds it (a tuple is a list there)
-        resolved = key.startswith("wandb_") or (key == "vocab_size" and value == 0)
+    own = [f"--seed={seed}", *[f"--{k}={v}" for k, v in run_settings(name).items()]]
+    given = {}  # key -> what sets it, the last of the config file, the run and the command line
+    for where, args in ((str(config), [config] if config else []), (f"the run {name} seed{seed}", own),
+                        ("the command line", passthrough)):
+        given.update(dict.fromkeys(configurator.configure(TRAIN_DEFAULTS, args, str(TRAIN))[1], where))
+    now = train_settings(config, own + passthrough)
+    for key in sorted(given):
+        value = json.loads(json.dumps(now[key]))  # as the log holds it
+        resolved = (key in ("out_dir", "device") or key.startswith("wandb_") or (key == "dtype" and value == "auto")
+                    or (key == "vocab_size" and value == 0))
         if key in trained and not resolved and trained[key] != value:
-            return key, trained[key], value
+            return key, trained[key], value, given[key]
     return None
+
+
+def writable(folder, option):
+    """A ValueError unless files can be written in folder, checked without making it (a mistyped out_dir
+    with --report=True leaves nothing behind)."""
+    problem = cannot_write(Path(folder).absolute() / "results.md")
+    if problem:
+        raise ValueError(f"cannot write {Path(folder).absolute()} (--{option}): {problem}; give --{option} a folder "
+                         "you can write")
 
 
 def run_env(jobs):
@@ -642,14 +709,29 @@ def code_digest(config):
 
 
 def resumable(run_dir, args, code):
-    """Whether an unfinished run continues rather than starts over: train.py saved a checkpoint of it (a run
-    stopped by Ctrl-C saves one; a killed one has its last evaluation's), and it started with the arguments
-    and the code (code_digest) the grid gives now."""
-    try:
-        return ((run_dir / "ckpt.pt").exists() and json.loads((run_dir / "train_args.json").read_text()) == args
-                and (run_dir / "code.sha256").read_text().strip() == code)
-    except (OSError, ValueError):  # a file missing, or cut short by a crash: start over
+    """Whether an unfinished run continues from its checkpoint (a run stopped by Ctrl-C saves one; a killed
+    one has its last evaluation's) rather than starts over, as it does where it has none. A checkpoint is
+    work: one the grid cannot continue, begun with other train.py settings (train_args.json, whatever order
+    they came in) or other code (code_digest), is a ValueError that says what differs and what to do,
+    never deleted."""
+    if not (run_dir / "ckpt.pt").exists():
         return False
+    remedy = f"to train it anew, delete or move {run_dir} yourself (compare.py never deletes a checkpoint)"
+    old = read_train_args(run_dir, remedy)
+    differ = differing_args(old, args)
+    if differ:
+        raise ValueError(f"{run_dir} holds a checkpoint of a run begun with other train.py settings: {'; '.join(differ)}. "
+                         f"To continue it, run the grid with its settings again; {remedy}")
+    try:
+        began = (run_dir / "code.sha256").read_text().strip()
+    except OSError:
+        began = None
+    if began != code:
+        why = ("the repository's .py files or the config file changed since it began" if began is not None
+               else f"{run_dir / 'code.sha256'} is missing: the code it began with is unknown")
+        raise ValueError(f"{run_dir} holds a checkpoint that cannot continue under this code ({why}; a run continues "
+                         f"only with its own code). To continue it, go back to that code; {remedy}")
+    return True
 
 
 def failure(cmd, run_dir, rc, log="train.log"):
@@ -790,6 +872,9 @@ def main(argv):
     passthrough = [f"--wandb_group={Path(settings['out_dir']).resolve().name}", *passthrough]
     env = run_env(jobs)
     gpus = visible_gpus(env)
+    writable(compare_dir, "out_dir")  # now, not after a timing probe or hours of training
+    if publish:
+        writable(publish, "publish")
 
     # value by value, seed by seed: each value's comparison completes before the next (costlier) one starts
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
@@ -804,23 +889,26 @@ def main(argv):
     if options["report"] and len(todo) == len(plan):
         raise ValueError(f"no finished run in {runs_dir} to report: train the grid first (the same command "
                          "without --report=True), or check --out_dir")
-    for name, seed in plan:  # a run that finished with other settings would not be comparable
+    code = code_digest(config)
+    for name, seed in plan:  # a run begun or finished with other settings would not be comparable
         run_dir = runs_dir / name / f"seed{seed}"
+        args = train_args(config, run_dir, seed, name, passthrough)
         if (name, seed) in todo:
+            if not options["report"]:
+                resumable(run_dir, args, code)  # a checkpoint the grid cannot continue stops it now, before any run
             continue
         published = Path(publish) / "runs" / name / f"seed{seed}" if publish else None
         retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete {run_dir}"
                    + (f" and {published}" if published and published.exists() else "") + " to retrain it")
-        args_file = run_dir / "train_args.json"
-        if args_file.exists():
-            old, new = json.loads(args_file.read_text()), train_args(config, run_dir, seed, name, passthrough)
-            if old != new:
-                raise ValueError(f"{run_dir} finished with other train.py arguments:\n  {' '.join(old)}\nnot\n  "
-                                 f"{' '.join(new)}\n{retrain}")
+        if (run_dir / "train_args.json").exists():
+            began = read_train_args(run_dir, f"delete it to have the run checked against its log, or {retrain}")
+            differ = differing_args(began, args)
+            if differ:
+                raise ValueError(f"{run_dir} finished with other train.py arguments ({'; '.join(differ)}): {retrain}")
         changed = changed_setting(config, run_dir, seed, name, passthrough)
         if changed:
-            key, trained, now = changed
-            raise ValueError(f"{run_dir} finished with {key}={trained!r}, but {config} now gives {key}={now!r}: {retrain}")
+            key, trained, now, where = changed
+            raise ValueError(f"{run_dir} finished with {key}={trained!r}, but {where} now gives {key}={now!r}: {retrain}")
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:
@@ -845,7 +933,6 @@ def main(argv):
 
     # up to `jobs` train.py processes at once; a failure lets the others finish, then ends the grid
     queue, running, measured, errors, n_done = list(todo), {}, {}, [], 0
-    code = code_digest(config)
     try:
         while running or (queue and not errors):  # after a failure: let the running finish, start nothing
             while queue and len(running) < jobs and not errors:
@@ -856,8 +943,8 @@ def main(argv):
                 resumed = resumable(run_dir, args, code)
                 if resumed:  # stopped (Ctrl-C) or killed after a checkpoint: train.py continues it exactly
                     cmd = cmd + ["--init_from=resume"]
-                else:
-                    shutil.rmtree(run_dir, ignore_errors=True)  # nothing to continue from, or other arguments: start over
+                else:  # no checkpoint (resumable raises for one it cannot continue): at most a log to start over from
+                    shutil.rmtree(run_dir, ignore_errors=True)
                     run_dir.mkdir(parents=True)
                     (run_dir / "train_args.json").write_text(json.dumps(args) + "\n")
                     (run_dir / "code.sha256").write_text(code + "\n")
@@ -915,6 +1002,9 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except (ValueError, RuntimeError) as e:
         die(e)
+    except OSError as e:  # a file that cannot be written or read mid-grid (a full disk, a lost mount); finished runs are kept
+        die(f"{e.strerror or e}: {e.filename}: fix that, then run the same command again to resume the grid"
+            if e.filename else f"{e}: fix that, then run the same command again to resume the grid")
     except KeyboardInterrupt:
         print("\ninterrupted: finished runs are kept, running ones stop with a checkpoint; run the same command "
               "again to resume", file=sys.stderr)

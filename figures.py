@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import configurator  # noqa: E402
-from common import REFERENCE, die, run_settings, split_point, sublayer_routes  # noqa: E402
+from common import REFERENCE, cannot_write, die, run_settings, split_point, sublayer_routes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / "train.py"
@@ -262,8 +262,42 @@ def run_model(folder, name):
     files = sorted((Path(folder) / "runs" / name).glob("seed*/train_args.json"))
     if not files:
         raise ValueError(f"{Path(folder) / 'runs' / name} has no seed*/train_args.json to read the run's model from")
-    args = [a if a.startswith("--") else str(ROOT / a) for a in json.loads(files[0].read_text())]
+    try:
+        args = json.loads(files[0].read_text())
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError("not a list of train.py arguments")
+    except OSError as e:
+        raise ValueError(f"cannot read {files[0]} ({e.strerror})") from None
+    except ValueError as e:  # (JSON's errors are ValueErrors too)
+        raise ValueError(f"{files[0]} is damaged ({e}): copy it again from the run's folder in the grid's out_dir, "
+                         "where compare.py wrote it") from None
+    args = [a if a.startswith("--") else str(ROOT / a) for a in args]
     return configurator.configure(configurator.script_defaults(TRAIN), args, str(TRAIN))[0]
+
+
+PAIRED = ("n", "wins", "diff_nats_mean", "diff_nats_std")  # what the figures and tables read of a comparison
+
+
+def read_comparisons(folder):
+    """comparisons() of a grid's results.json. A file that is not compare.py's results (damaged, cut
+    short, or other JSON) is a ValueError that names it, not a traceback from deep in the drawing."""
+    path = Path(folder) / "results.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} has no results.json: give folders compare.py wrote or published (e.g. docs/compare/depth)")
+    redo = "write it again with the grid's compare.py command and --report=True (it trains nothing)"
+    try:
+        results = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror})") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is not compare.py's results (not JSON: {e}): {redo}") from None
+    try:
+        found = comparisons(results)
+    except (KeyError, TypeError, AttributeError):  # {}, [], runs of another shape
+        found = None
+    if found is None or not all(key in p for by_point in found.values() for p in by_point.values() for key in PAIRED):
+        raise ValueError(f"{path} is not compare.py's results (no runs with their paired comparisons): {redo}")
+    return found
 
 
 def grid_deltas(folder):
@@ -271,10 +305,8 @@ def grid_deltas(folder):
     published), with the model the run trained: [(kind, n_embd, n_layer, paired with n_head and grid)],
     a kind without its sweep value ('rd/res_blocks=0')."""
     folder = Path(folder)
-    if not (folder / "results.json").is_file():
-        raise ValueError(f"{folder} has no results.json: give folders compare.py wrote or published (e.g. docs/compare/depth)")
     found = []
-    for (kind, ref), by_point in comparisons(json.loads((folder / "results.json").read_text())).items():
+    for (kind, ref), by_point in read_comparisons(folder).items():
         for point, paired in by_point.items() if ref == REFERENCE else ():
             model = run_model(folder, f"{point}/{kind}" if point else kind)
             found.append((kind, model["n_embd"], model["n_layer"], dict(paired, n_head=model["n_head"], grid=str(folder))))
@@ -417,6 +449,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    problem = cannot_write(args.out)
+    if problem:
+        raise ValueError(f"cannot write {args.out} ({problem}): give --out a path in a folder you can write")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     scale = "nats, run − {}, mean ± std over seeds; wins/seeds".format(REFERENCE)
     if args.figure == "depth":

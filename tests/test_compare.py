@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -480,6 +481,132 @@ def test_a_finished_run_whose_config_file_changed_is_refused(tmp_path, capsys):
                             "to retrain it")
 
 
+def test_a_run_continues_only_with_its_checkpoint_arguments_and_code(tmp_path):
+    """What makes an unfinished run continue rather than start over: a checkpoint, the same train.py
+    settings (in any order) and the same code (the repository's .py files and the config file, committed
+    or not). A checkpoint the grid cannot continue is a one-line error that says what differs and what
+    to do; compare.py never deletes it."""
+    config = tmp_path / "config.py"
+    config.write_text("n_layer = 2\n")
+    run_dir, code = tmp_path / "run", compare.code_digest(config)
+    args = [str(config), "--seed=0", "--residual=rd", "--max_iters=40000", "--eval_interval=500"]
+    run_dir.mkdir()
+    (run_dir / "train_args.json").write_text(json.dumps(args))
+    (run_dir / "code.sha256").write_text(code + "\n")
+    assert not compare.resumable(run_dir, args, code)  # no checkpoint yet: nothing to lose by starting over
+    (run_dir / "ckpt.pt").write_bytes(b"work")
+    assert compare.resumable(run_dir, args, code)
+    assert compare.resumable(run_dir, [str(config), "--seed=0", "--residual=rd", "--eval_interval=500", "--max_iters=40000"], code)
+    assert compare.resumable(run_dir, [*args, "--n_layer=2"], code)  # what the config file says anyway
+    other = [str(config), "--seed=1", "--residual=rd", "--eval_interval=500", "--max_iters=50000"]
+    with pytest.raises(ValueError, match=rf"^{run_dir} holds a checkpoint of a run begun with other train.py settings: "
+                                         r"max_iters=40000 \(now 50000\); seed=0 \(now 1\)\. To continue it, run the grid "
+                                         rf"with its settings again; to train it anew, delete or move {run_dir} yourself"):
+        compare.resumable(run_dir, other, code)
+    with pytest.raises(ValueError, match=rf"settings: config file {config} \(now none\)\."):
+        compare.resumable(run_dir, args[1:], code)
+    config.write_text("n_layer = 3\n")
+    assert compare.code_digest(config) != code
+    with pytest.raises(ValueError, match="holds a checkpoint that cannot continue under this code"):
+        compare.resumable(run_dir, args, compare.code_digest(config))
+    (run_dir / "train_args.json").write_text('["--seed=0", "--resi')  # damaged: the error names the file
+    with pytest.raises(ValueError, match=rf"^{run_dir / 'train_args.json'} is damaged \("):
+        compare.resumable(run_dir, args, code)
+    assert (run_dir / "ckpt.pt").read_bytes() == b"work"
+
+
+def test_a_checkpoint_is_continued_whatever_the_order_of_the_flags(tmp_path, capsys, monkeypatch):
+    """The same grid command with its flags in another order continues an interrupted run from its
+    checkpoint (it used to delete it and start again from 0); one with other settings stops before
+    anything trains, saying what differs, and keeps the run's checkpoint and log."""
+    runs = tmp_path / "compare" / "runs"
+    write_log(runs / "standard" / "seed0", [3.0, 2.0])  # finished: its time is the estimate, no timing probe
+    stopped = runs / "standard" / "seed1"
+    write_log(stopped, [3.0], done=False)
+    (stopped / "ckpt.pt").write_bytes(b"work")
+    grid = [f"--out_dir={tmp_path}", "--runs=standard", "--seeds=2"]
+    began = compare.train_args(None, stopped, 1, "standard", ["--max_iters=40000", "--eval_interval=500"])
+    (stopped / "train_args.json").write_text(json.dumps(began))
+    (stopped / "code.sha256").write_text(compare.code_digest(None) + "\n")
+    launched = []
+
+    def train_py(cmd, run_dir, env, append=False):  # train.py, finishing the run at once
+        launched.append(cmd)
+        with open(run_dir / "log.jsonl", "a") as log:
+            log.write(json.dumps({"event": "done", "iter": 10, "val_loss": 1.9, "elapsed_s": 20.0}) + "\n")
+        return SimpleNamespace(poll=lambda: 0, returncode=0)
+    monkeypatch.setattr(compare, "launch", train_py)
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: pytest.fail("a timing probe ran"))
+
+    log = (stopped / "log.jsonl").read_text()
+    with pytest.raises(ValueError, match=r"begun with other train.py settings: max_iters=40000 \(now 50000\)\."):
+        compare.main([*grid, "--eval_interval=500", "--max_iters=50000"])
+    assert not launched and (stopped / "ckpt.pt").read_bytes() == b"work" and (stopped / "log.jsonl").read_text() == log
+
+    results = compare.main([*grid, "--eval_interval=500", "--max_iters=40000"])
+    assert [cmd[-1] for cmd in launched] == ["--init_from=resume"] and (stopped / "ckpt.pt").read_bytes() == b"work"
+    assert (stopped / "log.jsonl").read_text().startswith(log) and results["runs"]["standard"]["val_loss"] == {0: 2.0, 1: 1.9}
+    assert "1 done, 1 to train" in capsys.readouterr().out
+    compare.main([*grid, "--eval_interval=500", "--max_iters=40000", "--report=True"])  # finished, in any order
+    assert "2 done, 0 to train" in capsys.readouterr().out
+
+
+def test_a_finished_run_is_checked_against_every_setting_the_grid_gives(tmp_path, capsys):
+    """A finished run without train_args.json (trained before compare.py wrote one) is checked against
+    its log's start line: the command line's settings and the run's own as well as the config file's, so
+    a run trained with other ones is refused, not reported under this command's settings. A damaged
+    train_args.json is named, with what to do."""
+    run_dir = tmp_path / "compare" / "runs" / "standard" / "seed0"
+    recorded = dict(compare.TRAIN_DEFAULTS, device="cpu", dtype="float32", vocab_size=64)  # train.py's start line
+    write_log(run_dir, [3.0, 2.0], config=dict(recorded, n_embd=32, max_iters=10, seed=0, residual="standard"))
+    grid = [f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1", "--report=True"]
+    with pytest.raises(ValueError) as e:
+        compare.main([*grid, "--max_iters=500", "--n_embd=64"])
+    assert str(e.value) == (f"{run_dir} finished with max_iters=10, but the command line now gives max_iters=500: use "
+                            f"another --out_dir, or delete {run_dir} to retrain it")
+    compare.main([*grid, "--n_embd=32", "--max_iters=10"])  # its own settings, in any order
+    assert "1 done, 0 to train" in capsys.readouterr().out
+    write_log(run_dir, [3.0, 2.0], config=dict(recorded, max_iters=10, seed=0, residual="delta"))
+    with pytest.raises(ValueError, match="finished with residual='delta', but the run standard seed0 now gives residual='standard'"):
+        compare.main([*grid, "--max_iters=10"])
+
+    write_log(run_dir, [3.0, 2.0], config=dict(recorded, max_iters=10, eval_iters=5, seed=0, residual="standard"))
+    (run_dir / "train_args.json").write_text("[bad\n")
+    with pytest.raises(ValueError, match=rf"^{run_dir / 'train_args.json'} is damaged \(Expecting value.*\): delete it to "
+                                         "have the run checked against its log, or use another --out_dir"):
+        compare.main([*grid, "--max_iters=10"])
+    args = compare.train_args(None, run_dir, 0, "standard", ["--max_iters=10", "--eval_iters=5"])
+    (run_dir / "train_args.json").write_text(json.dumps(args) + "\n")
+    compare.main([*grid, "--eval_iters=5", "--max_iters=10"])  # the same arguments in another order
+    with pytest.raises(ValueError, match=r"^\S+ finished with other train.py arguments \(eval_iters=5 \(now 20\)\): use"):
+        compare.main([*grid, "--max_iters=10"])
+
+
+def test_an_output_folder_that_cannot_be_written_stops_the_grid_at_once(tmp_path, monkeypatch):
+    """--out_dir or --publish where no folder can be made (here under a file, which stops root too) is a
+    one-line error before anything runs: no timing probe first, no traceback after the runs."""
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: pytest.fail("a timing probe ran"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=rf"^cannot write {tmp_path}/file/out/compare \(--out_dir\): {tmp_path}/file is a "
+                                         "file, not a folder; give --out_dir a folder you can write$"):
+        compare.main([f"--out_dir={tmp_path / 'file' / 'out'}", "--runs=standard", "--seeds=1"])
+    write_log(tmp_path / "compare" / "runs" / "standard" / "seed0", [3.0, 2.0])
+    with pytest.raises(ValueError, match=rf"^cannot write {tmp_path}/file/pub \(--publish\): {tmp_path}/file is a file"):
+        compare.main([f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1", f"--publish={tmp_path / 'file' / 'pub'}"])
+    assert not (tmp_path / "compare" / "results.md").exists()
+
+
+def test_a_write_that_fails_mid_grid_is_one_line(tmp_path):
+    """A file compare.py cannot write once it has begun (a full disk; here results.md taken by a folder)
+    ends it with one line naming the file, not a traceback."""
+    write_log(tmp_path / "compare" / "runs" / "standard" / "seed0", [3.0, 2.0])
+    (tmp_path / "compare" / "results.md").mkdir()
+    run = subprocess.run([sys.executable, str(ROOT / "compare.py"), f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1"],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **ONE_THREAD})
+    assert run.returncode == 1 and run.stderr == (f"error: Is a directory: {tmp_path / 'compare' / 'results.md'}: fix that, "
+                                                  "then run the same command again to resume the grid\n"), run.stderr
+
+
 def test_eval_tasks_score_every_finished_run(tmp_path, capsys, monkeypatch):
     """--eval_tasks runs eval.py on each finished run's checkpoint (here with a local task), its scores
     become the runs' columns and are published beside their logs; a rerun scores nothing again."""
@@ -623,25 +750,6 @@ def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, 
     assert [e["event"] for e in events].count("start") == 1 and [e["iter"] for e in events if e["event"] == "resume"] == [at]
     assert [line for line in log.read_text().splitlines() if '"event": "train"' in line][:at] == before[:at]
     assert all(sorted(results["runs"][name]["val_loss"]) == [0] for name in ("standard", "delta/res_blocks=0"))
-
-
-def test_a_run_continues_only_with_its_checkpoint_arguments_and_code(tmp_path):
-    """What makes an unfinished run continue rather than start over: a checkpoint, the same train.py
-    arguments and the same code (the repository's .py files and the config file, committed or not)."""
-    config = tmp_path / "config.py"
-    config.write_text("n_layer = 2\n")
-    run_dir, args, code = tmp_path / "run", ["--seed=0", "--residual=rd"], compare.code_digest(config)
-    run_dir.mkdir()
-    (run_dir / "train_args.json").write_text(json.dumps(args))
-    (run_dir / "code.sha256").write_text(code + "\n")
-    assert not compare.resumable(run_dir, args, code)  # no checkpoint yet
-    (run_dir / "ckpt.pt").write_bytes(b"")
-    assert compare.resumable(run_dir, args, code)
-    assert not compare.resumable(run_dir, ["--seed=1", "--residual=rd"], code)
-    config.write_text("n_layer = 3\n")
-    assert compare.code_digest(config) != code and not compare.resumable(run_dir, args, compare.code_digest(config))
-    (run_dir / "train_args.json").write_text('["--seed=0", "--resi')  # cut short by a crash
-    assert not compare.resumable(run_dir, args, code)
 
 
 def test_a_failed_run_ends_the_grid(tmp_path, dataset):

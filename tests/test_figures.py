@@ -201,3 +201,34 @@ def test_depth_command_writes_the_png_and_prints_its_numbers(grids, tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "figures.py"), "width", str(depth)], capture_output=True, text=True,
                          cwd=tmp_path)
     assert bad.returncode == 2 and "give --n_layer" in bad.stderr
+
+
+def test_a_results_json_that_is_not_compare_pys_is_named(grids):
+    """A grid's results.json that is damaged, or JSON of another shape, is a one-line error naming the file and
+    what to do; so is a damaged train_args.json (they were a JSON error naming no file, or a KeyError)."""
+    depth, _ = grids
+    path = depth / "results.json"
+    for text in ("{bad", "{}", "[]", '{"runs": {"standard": {"paired": {"standard": {"n": 1}}}}}'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=rf"^{path} is not compare.py's results \(.+\): write it again with the grid's "
+                                             r"compare.py command and --report=True \(it trains nothing\)$"):
+            figures.deltas_by_depth([depth])
+    write_grid(depth.parent / "again", [], {"standard": [2.0], "rd/res_blocks=0": [1.9]})
+    args = depth.parent / "again" / "runs" / "rd" / "res_blocks=0" / "seed0" / "train_args.json"
+    args.write_text('["--n_lay')
+    with pytest.raises(ValueError, match=rf"^{args} is damaged \(.+\): copy it again from the run's folder"):
+        figures.deltas_by_depth([depth.parent / "again"])
+
+
+def test_an_out_path_that_cannot_be_written_is_one_line(grids, tmp_path):
+    """--out where no file can be written (under a file, which stops root too; onto a folder) is a one-line
+    error naming the path, not a traceback from matplotlib."""
+    depth, width = grids
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "d.png"
+    with pytest.raises(ValueError, match=rf"^cannot write {out} \({tmp_path / 'file'} is a file, not a folder\): give "
+                                         "--out a path in a folder you can write$"):
+        figures.main(["depth", str(depth), str(width), f"--out={out}"])
+    (tmp_path / "taken.png").mkdir()
+    with pytest.raises(ValueError, match=rf"^cannot write {tmp_path / 'taken.png'} \(it is a folder\)"):
+        figures.main(["depth", str(depth), str(width), f"--out={tmp_path / 'taken.png'}"])
