@@ -18,7 +18,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import (NonFiniteLosses, allow_tf32, autocast, bind_device, die, hms, once_per_node, peak_flops,
+from common import (NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, hms, once_per_node, peak_flops,
                     process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
 from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, converts_exactly, download_gpt2, load_checkpoint, load_gpt2,
                         load_state_into, save_checkpoint)
@@ -188,11 +187,11 @@ if init_from != "resume" and ckpt_path.exists() and (not eval_only or init_from 
         f"{'evaluate' if eval_only else 'train'} into another out_dir (or delete {out_dir} first)")
 if not eval_only:  # (eval_only writes nothing there)
     # on every rank (the folder is shared), so that all of them stop here together, before any work is done
-    try:
+    problem = cannot_write(ckpt_path)
+    if problem:
+        die(f"out_dir={out_dir} cannot be written: {problem}; choose another out_dir")
+    if master:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out_dir).close()
-    except OSError as e:
-        die(f"out_dir={out_dir} cannot be written ({e.strerror or e}): choose another out_dir")
 
 # -----------------------------------------------------------------------------
 # data: data/<dataset>/*_{train,val}_*.bin and meta.json, from prepare.py

@@ -189,7 +189,7 @@ def test_resume_takes_the_runs_own_settings(data, tmp_path):
     assert "resuming" in result.stdout and "max_iters 5 -> 9" in result.stdout
     assert losses(tmp_path / "halves") == losses(tmp_path / "straight")
     assert [e["iter"] for e in events(tmp_path / "halves", "eval")] == [0, 4, 5, 8, 9]
-    assert f"at iter 5)" in result.stdout  # the summary's first val loss is the resumed iteration's own
+    assert "at iter 5)" in result.stdout  # the summary's first val loss is the resumed iteration's own
     config = load_checkpoint(tmp_path / "halves" / "ckpt.pt")["config"]
     assert config["beta2"] == 0.9 and config["log_interval"] == 1 and config["n_layer"] == 2  # the run's, not the defaults
 
@@ -205,6 +205,20 @@ def test_resume_refuses_what_it_cannot_change(data, tmp_path, changed):
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"init_from=resume continues the run in {tmp_path} as it was, but {key}=" in result.stderr
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+
+
+def test_resume_reads_a_checkpoint_from_before_a_model_setting(data, tmp_path):
+    """A checkpoint whose model_args lack a GPTConfig field added since (here dlr_alpha) resumes with the field's
+    default; the field set again on the command line is compared with that default, not a KeyError."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    del ckpt["model_args"]["dlr_alpha"]
+    save_checkpoint(ckpt, tmp_path / "ckpt.pt")
+    train(*common, "--max_iters=3", "--init_from=resume", "--dlr_alpha=1.0", cwd=tmp_path)
+    result = train(*common, "--max_iters=4", "--init_from=resume", "--dlr_alpha=2.0", cwd=tmp_path, ok=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "dlr_alpha=2.0 differs from its 1.0" in result.stderr
 
 
 def test_data_changed_under_a_run_is_refused(tmp_path):
@@ -240,6 +254,8 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     assert "val loss" in result.stdout
     shutil.copyfile(tmp_path / "ckpt.pt", tmp_path / "other.pt")  # another checkpoint, evaluated beside it
     assert "val loss" in train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", cwd=tmp_path).stdout
+    # and the run's own, by its path: eval_only writes nothing, so it cannot overwrite what it reads
+    assert "val loss" in train(*common, f"--init_from={tmp_path / 'ckpt.pt'}", "--eval_only=True", cwd=tmp_path).stdout
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
 
 
@@ -542,12 +558,12 @@ def test_an_out_dir_that_cannot_be_written_is_refused_before_training(data, tmp_
     for out_dir in (tmp_path / "a_file" / "out", tmp_path / "a_file"):
         result = train(*TINY, f"--dataset={data}", f"--out_dir={out_dir}", "--max_iters=1", cwd=tmp_path, ok=False)
         assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-        assert result.stderr.startswith(f"error: out_dir={out_dir} cannot be written (")
+        assert result.stderr.startswith(f"error: out_dir={out_dir} cannot be written: ")
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(data, tmp_path):
     """A save that fails (here: a file-size limit, as a full disk fails it) stops the run with one line that says
-    the last checkpoint is whole and how to go on, and leaves no temporary file."""
+    what is saved and how to go on, and leaves no temporary file."""
     import resource
 
     def small_files():  # (SIGXFSZ ignored: a write past the limit then fails with EFBIG, as ENOSPC would)
@@ -559,7 +575,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(data, tmp
                             preexec_fn=small_files)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"error: could not save {out / 'ckpt.pt'} (File too large)")
-    assert "--init_from=resume" in result.stderr
+    assert "nothing is saved yet" in result.stderr  # (the first save: there is no checkpoint to resume)
     assert sorted(p.name for p in out.iterdir()) == ["log.jsonl"]
 
 
@@ -657,3 +673,17 @@ def test_wandb_missing_is_a_one_line_error(data, tmp_path):
     assert result.stderr.startswith("error: wandb_log=True needs the wandb package: pip install wandb")
     train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1", cwd=tmp_path,
           env={"PYTHONPATH": str(fake.parent)})  # without wandb_log, never imported
+
+
+def test_a_checkpoint_given_as_a_config_file_is_one_line(tmp_path, capsys):
+    """`python train.py out/ckpt.pt` (and the same through compare.py): a binary file where a config file
+    goes is one line that names it and says how a checkpoint is passed, not a UnicodeDecodeError."""
+    import compare
+    ckpt = tmp_path / "ckpt.pt"
+    save_checkpoint({"model": GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16)).state_dict()}, ckpt)
+    want = f"error: {ckpt} is not a Python config file (a checkpoint? pass it as --init_from={ckpt})\n"
+    for read in (lambda: configurator.configure(dict(batch_size=12), [str(ckpt)], "train.py"),
+                 lambda: compare.parse_args([str(ckpt)])):
+        with pytest.raises(SystemExit) as exit_:
+            read()
+        assert exit_.value.code == 2 and capsys.readouterr().err == want
