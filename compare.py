@@ -661,7 +661,7 @@ def changed_setting(config, run_dir, seed, name, passthrough):
 def writable(folder, option):
     """A ValueError unless files can be written in folder, checked without making it (a mistyped out_dir
     with --report=True leaves nothing behind)."""
-    problem = cannot_write(Path(folder).absolute() / "results.md")
+    problem = cannot_write(Path(folder).absolute() / ".probe")  # (a name no file here has: only the folder is asked about)
     if problem:
         raise ValueError(f"cannot write {Path(folder).absolute()} (--{option}): {problem}; give --{option} a folder "
                          "you can write")
