@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import perturb_norms_and_biases, randomise_queries, tiny_config
-from checkpoint import converts_exactly, load_state_into
+from checkpoint import converts_exactly, load_model, load_state_into, model_args, save_checkpoint
 from common import routing_summary
 from model import (GPT, CausalSelfAttention, DepthSources, GPTConfig, LayerNormOfUpcast, LowRankLinear, js_divergence,
                    reference_route, routing_logits)
@@ -118,6 +118,41 @@ def test_which_conversions_keep_the_function():
     missing, _ = load_state_into(fixed, attnres.state_dict())
     assert missing and all(k.endswith("attn_res_query_v") for k in missing)
     assert all(not block.attn_res_query_v.any() for block in fixed.transformer.h)
+
+
+def test_load_state_into_checks_names_and_shapes():
+    """load_state_into takes a compiled model's state dict (every name prefixed '_orig_mod.') as the model's
+    own, bit for bit; a parameter the model lacks (a third layer into two) or one of another shape (n_embd 64
+    into 32) is a one-line error naming it, raised before anything is loaded."""
+    source, target = make_model(exact=False), make_model(seed=1, exact=False)
+    assert load_state_into(target, {"_orig_mod." + k: v for k, v in source.state_dict().items()}) == ([], [])
+    assert all(torch.equal(v, source.state_dict()[k]) for k, v in target.state_dict().items())
+    refused = [(make_model(exact=False, n_layer=2), source.state_dict(), r"unexpected parameter transformer\.h\.2\."),
+               (target, make_model(exact=False, n_embd=64).state_dict(),
+                r"transformer\.wte\.weight has shape \(64, 64\) in the checkpoint but \(64, 32\) in the model")]
+    for model, state, message in refused:
+        before = copy.deepcopy(model.state_dict())
+        with pytest.raises(ValueError, match=message) as err:
+            load_state_into(model, state)
+        assert "\n" not in str(err.value)
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_load_model_overrides_convert_a_checkpoint(tmp_path):
+    """checkpoint.load_model(path, residual="delta") builds the checkpoint's model in the mode the override
+    names: a standard checkpoint becomes a delta model with the standard model's function (README "Exact
+    equivalences" 2; compared in float64 with eps = 0, where EXACT holds, see the module docstring)."""
+    standard = make_model(exact=False)
+    save_checkpoint(dict(model=standard.state_dict(), model_args=model_args(standard)), tmp_path / "ckpt.pt")
+    delta, _ = load_model(tmp_path / "ckpt.pt", residual="delta")
+    assert delta.config.residual == "delta" and delta.config.n_layer == standard.config.n_layer
+    for model in (standard, delta):
+        model.double().eval()
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.eps = 0.0
+    idx = batch()
+    assert max_diff(all_logits(delta, idx), all_logits(standard, idx)) < EXACT
 
 
 @pytest.mark.parametrize("linear", LINEARS)
@@ -307,6 +342,14 @@ def test_routing_logits_stay_float32_under_autocast():
     for ours, theirs in zip(torch.autograd.grad(logits, (s, queries), g),
                             torch.autograd.grad(routing_logits(s, queries), (s, queries), g)):
         assert torch.equal(ours, theirs)
+    # bfloat16 sources and queries without autocast (a model cast to bfloat16): float32 logits all the same, of
+    # the bfloat16 values upcast. Both sides are float32 math on the same numbers, at most summed in another
+    # order: float32 rounding over d = 96 terms, below 96 * 2^-24 of sum_i |s_i w_i| / rms(s) (~200 here), 1e-3;
+    # logits computed in bfloat16 (up to ~75 here, where bfloat16's spacing is 0.5) would be off by up to 0.25
+    s16, queries16 = s.detach().to(torch.bfloat16), queries.detach().to(torch.bfloat16)
+    logits16 = routing_logits(s16, queries16)
+    assert logits16.dtype == torch.float32
+    torch.testing.assert_close(logits16, routing_logits(s16.float(), queries16.float()), rtol=0, atol=2e-3)
 
 
 @pytest.mark.parametrize("mode", ("standard",) + ROUTED)
@@ -315,9 +358,29 @@ def test_bfloat16_weights_run_without_autocast(mode):
     computes in float32 there, hands c_proj its own dtype back, and a route's float32 weights mix
     bfloat16 sources into a bfloat16 input."""
     model = make_model(exact=False, residual=mode).to(torch.bfloat16)
-    logits, loss = model(batch(), targets=batch(seed=1))
+    targets = batch(seed=1)
+    logits, loss = model(batch(), targets=targets)
     loss.backward()
     assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    # the loss is the float32 cross-entropy of the logits' float32 upcast (a bfloat16 log-softmax would round
+    # it by up to 2^-8 relative): the same operation on the same numbers, so the same bits
+    expected = F.cross_entropy(logits.detach().float().view(-1, logits.size(-1)), targets.view(-1))
+    assert loss.dtype == torch.float32 and torch.equal(loss.detach(), expected)
+
+
+def test_depth_sources_keep_their_dtype():
+    """DepthSources stores every source in one dtype (the embedding's by default): a bfloat16 sublayer
+    output (autocast's) joins a float32 running sum p as its float32 upcast, so p and the completed
+    source it becomes stay float32 (the float32 sum of the upcasts, bit for bit)."""
+    torch.manual_seed(0)
+    depth = DepthSources(torch.randn(2, 5, 16), torch.randn(3, 16))
+    outs = [torch.randn(2, 5, 16).to(torch.bfloat16) for _ in range(2)]
+    depth.add(outs[0])
+    assert depth.partial.dtype == torch.float32 and torch.equal(depth.partial, outs[0].float())
+    depth.add(outs[1])
+    assert depth.partial.dtype == torch.float32 and torch.equal(depth.partial, outs[0].float() + outs[1].float())
+    depth.end_block()
+    assert [s.dtype for s in depth.sources()] == [torch.float32] * 2 and depth.route(0).dtype == torch.float32
 
 
 # The pre-norm of a bfloat16 mix under CUDA autocast
@@ -679,12 +742,16 @@ def test_cache_keeps_its_shapes():
     decode step can hold on to them (CUDA graphs need fixed addresses)."""
     model = make_model(residual="attnres")
     cache = model.make_cache()
+    position, address = cache.position, cache.position.data_ptr()  # the count of written positions, a tensor
     model(batch(t=5), cache=cache)
     buffers = [(k.data_ptr(), v.data_ptr()) for k, v in zip(cache.k, cache.v)]
     assert all(k.shape == (3, model.config.n_head, model.config.block_size, model.config.n_embd // model.config.n_head)
                for k in cache.k)
-    model(batch(t=1), cache=cache)
-    assert [(k.data_ptr(), v.data_ptr()) for k, v in zip(cache.k, cache.v)] == buffers
+    assert cache.position is position and position.item() == 5
+    for written in (6, 7):  # each one-token step counts itself in place: the same tensor at the same address
+        model(batch(t=1), cache=cache)
+        assert [(k.data_ptr(), v.data_ptr()) for k, v in zip(cache.k, cache.v)] == buffers
+        assert cache.position is position and position.data_ptr() == address and position.item() == written
 
 
 @pytest.mark.parametrize("mode", ("standard", "rd"))
@@ -760,7 +827,10 @@ def test_compiled_sublayers_are_two_graphs_at_any_depth(mode, res_blocks, n_laye
     compiled = copy.deepcopy(eager)
     backend = CountingBackend()
     assert compiled.compile_sublayers(backend=backend, fullgraph=True) is compiled
+    sublayers = [(block.attn_sublayer, block.mlp_sublayer) for block in compiled.transformer.h]
     assert compiled.compile_sublayers(backend=backend) is compiled  # a second call changes nothing
+    assert all(a is block.attn_sublayer and m is block.mlp_sublayer
+               for (a, m), block in zip(sublayers, compiled.transformer.h))
     idx = batch(t=16)
     for model in (eager, compiled):
         for _ in range(2):
@@ -810,6 +880,7 @@ def test_compiled_decoding_after_compiled_sublayers_is_one_graph(mode, res_block
     ({"fixed_value_route": True, "residual": "attnres"}, "fixed_value_route"),
     ({"n_embd": 33}, "n_embd"),
     ({"dropout": 1.5}, "dropout"),
+    ({"dropout": 1.0}, "dropout"),  # every activation dropped: [0, 1) excludes 1
     ({"dropout": "0.1"}, "dropout"),  # a string from a hand-written config: a clear error, not a TypeError
     ({"n_layer": 0}, "n_layer"),
     ({"n_layer": True}, "n_layer"),  # a bool is an int to Python, but not a layer count
@@ -822,6 +893,14 @@ def test_bad_config_raises(overrides, field):
     with pytest.raises(ValueError, match=rf"GPTConfig\.{field}=") as err:
         tiny_config(**overrides)
     assert "\n" not in str(err.value)
+
+
+def test_lowrank_rank_may_be_n_embd():
+    """The largest rank lowrank_rank allows is n_embd ("a rank in 1..n_embd"): the model builds and runs."""
+    model = make_model(exact=False, lowrank_rank=32, dlr=True)  # tiny_config: n_embd = 32
+    logits, loss = model(batch(), targets=batch(seed=1))
+    assert model.transformer.h[0].mlp.c_fc.A.out_features == 32
+    assert logits.shape == (3, 16, 64) and torch.isfinite(loss)
 
 
 def test_unknown_config_key():

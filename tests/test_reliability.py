@@ -1,6 +1,7 @@
 """
 What cannot hurt a user (README, "Reliability"): a checkpoint is loaded as plain data, so opening
-one never runs code, by any entry point, and a damaged one is refused; every file is written atomically and durably (fsynced
+one never runs code, by any entry point, and a damaged one (or a file that is none, GPT-2's safetensors
+included) is refused; every file is written atomically and durably (fsynced
 before its rename, its folder after), and a failed write leaves no temporary file; a meta.json
 train.py cannot use is a one-line error. Verified downloads (the published sha256) are tested
 with the other downloads, in test_prepare.py.
@@ -19,7 +20,7 @@ import torch
 
 import common
 import shards
-from checkpoint import load_checkpoint, model_args, save_checkpoint
+from checkpoint import gpt2_state_dict, load_checkpoint, model_args, save_checkpoint
 from download import download
 from localserver import LocalServer
 from model import GPT, GPTConfig
@@ -70,6 +71,33 @@ def test_a_refused_checkpoint_names_what_it_holds(tmp_path):
     torch.save(dict(model={}, model_args={}, data_rng=np.zeros(3)), tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match=r"ckpt.pt holds objects a checkpoint must not hold \(numpy"):
         load_checkpoint(tmp_path / "ckpt.pt")
+
+
+@pytest.mark.parametrize("content", [{"model": {}}, {"model_args": {}}, [1, 2]])
+def test_a_torch_file_that_is_not_a_checkpoint_is_refused_in_one_line(tmp_path, content):
+    """Plain data without both of a checkpoint's keys (a state dict saved on its own, say) is refused by name
+    as it is read, not a KeyError later."""
+    torch.save(content, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt\.pt is not a checkpoint of this project "
+                                         r"\(no 'model' and 'model_args' keys\)") as err:
+        load_checkpoint(tmp_path / "ckpt.pt")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("damage", ["no GPT-2 tensors", "truncated"])
+def test_a_safetensors_file_without_gpt2_weights_is_refused_in_one_line(tmp_path, damage):
+    """The GPT-2 reader (checkpoint.gpt2_state_dict) refuses a safetensors file that holds other tensors, or
+    that is cut short, in one line that says to download it again."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    path = tmp_path / "gpt2.safetensors"
+    save_file({"h.0.ln_1.weight": torch.ones(4), "h.0.ln_1.bias": torch.zeros(4)}, str(path))  # no wte.weight
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:-5])
+    message = {"no GPT-2 tensors": r"gpt2\.safetensors holds no GPT-2 weights \(no wte\.weight\)",
+               "truncated": r"cannot read \S+gpt2\.safetensors \("}[damage]
+    with pytest.raises(ValueError, match=message) as err:
+        gpt2_state_dict(path)
+    assert "\n" not in str(err.value) and str(err.value).endswith("; delete it to download it again")
 
 
 @pytest.mark.parametrize("meta", [dict(tokenizer="bytes", vocab_size=64), []])
