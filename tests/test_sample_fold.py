@@ -127,6 +127,8 @@ def test_dense_export_is_a_standard_gpt(tmp_path, capsys, dlr):
     plain = GPT(GPTConfig(**TINY))  # GPT-2's layout: the same names and shapes
     assert {k: v.shape for k, v in dense.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
     assert dense.state_dict()["transformer.h.0.attn.c_attn.weight"].shape == (3 * 32, 32)
+    # B A is multiplied in float64 but stored as the model's float32: not a file of twice the size
+    assert {k: v.dtype for k, v in dense_ckpt["model"].items()} == {k: torch.float32 for k in plain.state_dict()}
     original, _ = load_model(ckpt)
     with torch.no_grad():
         diff = (all_logits(original.double().eval(), tokens()) - all_logits(dense.double().eval(), tokens())).abs().max().item()
@@ -158,13 +160,18 @@ def test_fold_checks_the_device_before_loading(tmp_path, capsys):
 
 
 def test_fold_never_overwrites_its_input(tmp_path, capsys):
+    """Not by its path, another spelling of it, a symbolic link or a hard link (another name of the same
+    file, which only os.path.samefile sees), --overwrite or not."""
     ckpt = write_ckpt(tmp_path / "ckpt.pt", **DLR)
     before = ckpt.read_bytes()
     (tmp_path / "link.pt").symlink_to(ckpt)
-    for out in (ckpt, tmp_path / "sub" / ".." / "ckpt.pt", tmp_path / "link.pt"):
-        code, _, err = run(fold, ["--ckpt", ckpt, "--out", out], capsys)
-        assert code == 1 and "is the input checkpoint" in err
-    assert ckpt.read_bytes() == before
+    os.link(ckpt, tmp_path / "hardlink.pt")
+    for out in (ckpt, tmp_path / "sub" / ".." / "ckpt.pt", tmp_path / "link.pt", tmp_path / "hardlink.pt"):
+        for overwrite in ([], ["--overwrite"]):
+            code, _, err = run(fold, ["--ckpt", ckpt, "--out", out, *overwrite], capsys)
+            assert code == 1 and err == f"error: --out {out} is the input checkpoint; write the folded one next to it, " \
+                                        "e.g. --out=out-dlr/folded.pt\n"
+    assert ckpt.read_bytes() == before and os.path.samefile(ckpt, tmp_path / "hardlink.pt")
 
 
 def test_fold_keeps_an_existing_out_unless_told_to_overwrite(tmp_path, capsys):
@@ -202,14 +209,27 @@ def test_fold_refuses_an_out_it_cannot_write_before_folding(tmp_path, capsys, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_folder", "ckpt.pt"]
 
 
-def test_fold_check_catches_a_wrong_fold(tmp_path, capsys, monkeypatch):
-    """The verification is real: a dense export that loses the biases is not written."""
+def nan_at_0(v):
+    v = v.clone()
+    v[0, 0] = float("nan")
+    return v
+
+
+@pytest.mark.parametrize("key,wrong", [
+    ("c_fc.bias", torch.zeros_like),  # the biases lost
+    ("h.0.mlp.c_fc.weight", nan_at_0),  # NaN logits: a NaN difference is no pass
+    # the queries of layer 0 negated: at position 0 attention has one key, its weight 1 whatever the query,
+    # so only later positions see it; there the logits move by 0.24 (measured), the check allows 0.01
+    ("h.0.attn.c_attn.weight", lambda v: torch.cat([-v[:TINY["n_embd"]], v[TINY["n_embd"]:]])),
+], ids=["lost-bias", "nan", "queries"])
+def test_fold_check_catches_a_wrong_fold(tmp_path, capsys, monkeypatch, key, wrong):
+    """The verification is real: a wrong dense export is not written."""
     ckpt = write_ckpt(tmp_path / "ckpt.pt", lowrank_rank=8, lowrank_act="identity")
     right = fold.dense_state_dict
     monkeypatch.setattr(fold, "dense_state_dict",
-                        lambda model: {k: (torch.zeros_like(v) if k.endswith("c_fc.bias") else v) for k, v in right(model).items()})
+                        lambda model: {k: (wrong(v) if k.endswith(key) else v) for k, v in right(model).items()})
     code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "dense.pt", "--dense"], capsys)
-    assert code == 1 and "the logits changed" in err
+    assert code == 1 and err.startswith("error: the logits changed by ") and err.endswith(f"not writing {tmp_path / 'dense.pt'}\n")
     assert not (tmp_path / "dense.pt").exists()
 
 
@@ -245,11 +265,25 @@ def test_cache_makes_each_new_token_one_position():
     assert calls == [(block_size - 2, True), (1, True), (1, True)] + [(block_size, False)] * 2
 
 
-def test_sampling_skips_padded_vocabulary():
+def test_sampling_skips_padded_vocabulary(tmp_path, capsys, monkeypatch):
     """A vocabulary padded past the tokenizer's has ids no tokenizer can decode: they are never drawn."""
     model = tiny_model(vocab_size=320)
     drawn = torch.cat(list(model.generate_tokens(tokens(b=4, t=4), 60, temperature=2.0, vocab_size=64)), dim=1)
     assert drawn.max().item() < 64 and drawn.unique().numel() > 20
+    # sample.py limits a bytes checkpoint padded to 320 to the tokenizer's 256 (else bytes() of an id >= 256 fails);
+    # unlimited, about a fifth of this fresh model's draws at temperature 2 are padded ids (measured: 22 of 100)
+    generate_tokens, sampled = GPT.generate_tokens, []
+
+    def spy(self, *args, **kwargs):
+        for token in generate_tokens(self, *args, **kwargs):
+            sampled.append(token.item())
+            yield token
+    monkeypatch.setattr(GPT, "generate_tokens", spy)
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", vocab_size=320)
+    code, _, err = run(sample, ["--ckpt", ckpt, "--temperature=2", "--top_k=0", "--num_samples=1", "--max_new_tokens=100",
+                                "--device=cpu"], capsys)
+    assert code == 0 and err == ""
+    assert len(sampled) == 100 and max(sampled) < 256
 
 
 def test_top_k_then_top_p_keep_what_hugging_face_keeps():
@@ -284,11 +318,40 @@ def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
     assert code == 2 and "--top_p is a probability mass" in err
 
 
-def test_cache_flag_gives_the_same_greedy_text(tmp_path, capsys):
+def test_cache_and_compile_flags_give_the_same_greedy_text(tmp_path, capsys, monkeypatch):
+    """--cache=False makes no key-value cache; --compile decodes with compile_decoding's step (a spy here,
+    stepping eagerly: test_compiled_decoding_gives_the_same_greedy_text compiles for real)."""
+    make_cache, calls = GPT.make_cache, []
+    monkeypatch.setattr(GPT, "make_cache", lambda self: calls.append("make_cache") or make_cache(self))
+
+    def compile_decoding(self):
+        calls.append("compile_decoding")
+
+        def step(idx, cache):
+            calls.append("step")
+            return self(idx, cache=cache)[0]
+        return step
+    monkeypatch.setattr(GPT, "compile_decoding", compile_decoding)
     ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd", res_blocks=2, **DLR)
-    with_cache = run(sample, ["--ckpt", ckpt, "--max_new_tokens=50"] + GREEDY, capsys)
-    without = run(sample, ["--ckpt", ckpt, "--max_new_tokens=50", "--cache=False"] + GREEDY, capsys)
-    assert with_cache == without and with_cache[0] == 0
+    runs = {}
+    for flags in ([], ["--cache=False"], ["--compile"]):
+        calls.clear()
+        runs[tuple(flags)] = run(sample, ["--ckpt", ckpt] + GREEDY + flags, capsys), list(calls)
+    assert runs[()][0] == runs[("--cache=False",)][0] == runs[("--compile",)][0] and runs[()][0][0] == 0
+    # 40 tokens after the 12 of "To be or not", block_size 32: one forward over the prompt that fills a cache,
+    # 32 - 12 one-token steps (to a full cache), then the window slides (full forwards, no cache)
+    assert runs[()][1] == ["make_cache"]
+    assert runs[("--cache=False",)][1] == []
+    assert runs[("--compile",)][1] == ["compile_decoding", "make_cache"] + ["step"] * (TINY["block_size"] - len("To be or not"))
+
+
+def test_seed_makes_sampling_repeatable(tmp_path, capsys):
+    ckpt = write_ckpt(tmp_path / "ckpt.pt")
+    sampled = lambda seed: run(sample, ["--ckpt", ckpt, "--temperature=1", "--num_samples=1", "--max_new_tokens=30",
+                                        "--start=To be", "--device=cpu", f"--seed={seed}"], capsys)
+    first = sampled(5)
+    assert first[0] == 0 and len(first[1]) > len("To be") + 10
+    assert sampled(5) == first and sampled(6) != first
 
 
 def test_compile_without_the_cache_is_a_usage_error(tmp_path, capsys):
@@ -329,8 +392,10 @@ def test_stream_decoder_gpt2(gpt2_offline):
 # -----------------------------------------------------------------------------
 # sample.py: --routing and errors
 
-def test_routing_table_has_a_row_per_route(tmp_path, capsys):
+def test_routing_table_has_a_row_per_route(tmp_path, capsys, monkeypatch):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd")
+    routing_table, reported = sample.routing_table, []
+    monkeypatch.setattr(sample, "routing_table", lambda model, stats, n: reported.append(stats) or routing_table(model, stats, n))
     code, out, _ = run(sample, ["--ckpt", ckpt, "--routing", "--num_samples=0", "--start=The routing of a prompt"], capsys)
     assert code == 0
     model, _ = load_model(ckpt)
@@ -343,6 +408,17 @@ def test_routing_table_has_a_row_per_route(tmp_path, capsys):
         assert row[4] == (f"{s['entropy']:.2f}" if "entropy" in s else "-")
         assert row[5] == (f"{s['js_qk_v']:.2f}" if "js_qk_v" in s else "-")
         assert len(row[6]) == s["sources"] + 2
+    # top and the bar, exactly, from the weights the table was made of: the top source is the argmax (here 0,
+    # 1 and 2 all occur, so neither a fixed source nor the argmin passes), the ramp is scaled to the row's max,
+    # so the max is "@" (here rows have max 0.58 to 1: unscaled, 0.58 would not be "@")
+    rows_tops = set()
+    for name, s in reported[0].items():
+        w = s["weights"]
+        top = max(range(len(w)), key=lambda i: w[i])
+        rows_tops.add(top)
+        assert rows[name][2] == str(top)
+        assert rows[name][6] == "|" + "".join("_.:-=+*#%@"[round(9 * x / max(w))] for x in w) + "|"
+    assert len(rows_tops) > 1 and min(max(s["weights"]) for s in reported[0].values()) < 0.9
 
 
 def test_routing_of_a_standard_model(tmp_path, capsys):
@@ -381,6 +457,8 @@ def test_bad_options_and_prompt_files_are_one_line(tmp_path, capsys):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     code, _, err = run(sample, ["--ckpt", ckpt, f"--start=FILE:{tmp_path / 'latin1.txt'}"], capsys)
     assert code == 1 and err == f"error: the prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text: save it as UTF-8\n"
+    # the bytes tokenizer has no end-of-text token to start an empty prompt with
+    assert run(sample, ["--ckpt", ckpt, "--start="], capsys) == (1, "", "error: the prompt is empty; give some text with --start\n")
     code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt", "--check_batch=0"], capsys)
     assert code == 2 and "--check_batch is the number of sequences the fold is checked on: at least 1" in err
 
@@ -393,6 +471,10 @@ def test_long_prompt_is_cropped_with_a_note(tmp_path, capsys):
                                   "--max_new_tokens=5", "--temperature=0"], capsys)
     assert code == 0 and "note: the prompt has 50 tokens, more than block_size=32; using its last 32" in err
     assert out.startswith(prompt.read_text()[-32:]) and not out.startswith(prompt.read_text()[-33:])
+    prompt.write_text(prompt.read_text()[:32])  # exactly block_size tokens: all of them, no note
+    code, out, err = run(sample, ["--ckpt", ckpt, f"--start=FILE:{prompt}", "--num_samples=1",
+                                  "--max_new_tokens=5", "--temperature=0"], capsys)
+    assert (code, err) == (0, "") and out.startswith(prompt.read_text())
 
 
 # -----------------------------------------------------------------------------

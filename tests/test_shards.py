@@ -40,6 +40,11 @@ def test_tokens_that_do_not_fit_uint16_are_refused(tmp_path):
         write_shard(tmp_path / "big.bin", [1, 65536])
     with pytest.raises(ValueError, match="65535"):
         write_shard(tmp_path / "neg.bin", [-1])
+    # in range, but no token sequence: a 2-D batch's header would count its rows, floats would be cut to ids
+    with pytest.raises(ValueError, match=re.escape("tokens must be a 1-D sequence of integers, got int64 (2, 2)")):
+        write_shard(tmp_path / "2d.bin", np.array([[1, 2], [3, 4]], dtype=np.int64))
+    with pytest.raises(ValueError, match=re.escape("tokens must be a 1-D sequence of integers, got float64 (2,)")):
+        write_shard(tmp_path / "float.bin", [1.0, 2.5])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -80,11 +85,12 @@ def test_wrong_version_is_rejected(tmp_path):
         read_shard(path)
 
 
-@pytest.mark.parametrize("keep", [10, 1024 + 2 * 100 - 1])
-def test_truncated_shard_is_rejected_naming_the_file(tmp_path, keep):
-    path = _shard(tmp_path)
-    path.write_bytes(path.read_bytes()[:keep])
-    with pytest.raises(ShardError, match="truncated") as e:
+@pytest.mark.parametrize("size, problem", [(10, "truncated"), (1024 + 2 * 100 - 1, "truncated"),
+                                           (1024 + 2 * 100 + 2, "longer than its header says")])
+def test_shard_of_the_wrong_size_is_rejected_naming_the_file(tmp_path, size, problem):
+    path = _shard(tmp_path)  # 100 tokens: 1024 + 200 bytes
+    path.write_bytes(path.read_bytes().ljust(size, b"\0")[:size])  # cut, or one token too many appended
+    with pytest.raises(ShardError, match=problem) as e:
         read_shard(path)
     assert str(path) in str(e.value)
 
@@ -97,9 +103,13 @@ def test_remedy_repeats_the_command_in_meta(tmp_path):
         read_shard(path)
 
 
-def test_find_shards_sorted_by_split_and_clear_when_missing(tmp_path):
+def test_find_shards_sorted_by_split_and_clear_when_missing(tmp_path, monkeypatch):
     for name in ["d_train_000002.bin", "d_train_000000.bin", "d_val_000000.bin", "d_train_000001.bin"]:
         write_shard(tmp_path / name, [1])
+    assert [p.name for p in find_shards(tmp_path, "train")] == ["d_train_000000.bin", "d_train_000001.bin", "d_train_000002.bin"]
+    # glob yields the folder's order, which is the file system's (often creation order, or hashed): sorted anyway
+    glob = Path.glob
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: iter(sorted(glob(self, pattern), reverse=True)))
     assert [p.name for p in find_shards(tmp_path, "train")] == ["d_train_000000.bin", "d_train_000001.bin", "d_train_000002.bin"]
     assert [p.name for p in find_shards(tmp_path, "val")] == ["d_val_000000.bin"]
     with pytest.raises(ShardError, match=r"no train shards .* in .*empty: prepare it with `python prepare.py DATASET"):
@@ -122,6 +132,14 @@ def test_hints_name_a_command_that_exists(tmp_path, monkeypatch):
         assert "prepare.py llmc2" not in message and "\n" not in message
         assert f"`python prepare.py DATASET --out {custom}` (DATASET: pydocs, shakespeare, fineweb10B, finewebedu10B, " \
                "or `text --input FILE ...` for your own .txt files)" in message
+
+    # text is a dataset of prepare.py's, but its command needs --input (the user's files): no command is guessed
+    text = tmp_path / "text"
+    with pytest.raises(ShardError) as e:
+        find_shards(text, "train")
+    assert "python prepare.py text" not in str(e.value)
+    assert str(e.value).endswith(f"prepare it with `python prepare.py DATASET --out {text}` (DATASET: pydocs, shakespeare, "
+                                 "fineweb10B, finewebedu10B, or `text --input FILE ...` for your own .txt files)")
 
     named = tmp_path / "shakespeare"  # a dataset's name, outside data/: the command needs --out
     with pytest.raises(ShardError, match=re.escape(f"run `python prepare.py shakespeare --out {named}` first")):
