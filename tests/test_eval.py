@@ -12,6 +12,7 @@ by ~1e-5. Measured: at most 1.8e-5 over these requests, every model and batch si
 1e-4 absolute. The same window in the same batch is bitwise the same, and is tested so.
 """
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -32,13 +33,17 @@ import fold  # noqa: E402
 from checkpoint import model_args, save_checkpoint  # noqa: E402
 from helpers import DOCS, perturb_norms_and_biases, randomise_queries, write_tasks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from shards import get_tokenizer  # noqa: E402
+from shards import Tokenizer, get_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 MODELS = {"standard": dict(residual="standard"), "rd": dict(residual="rd"),
           "folded_dlr": dict(residual="delta", lowrank_rank=8, dlr=True, dlr_alpha=1.3)}
 TOL = 1e-4  # see the module docstring
+# one character per byte and back (bytes decoded as UTF-8 turn most of a random model's output into U+FFFD):
+# generated text compares token for token
+LATIN1 = Tokenizer("latin1", 256, None, encode=lambda text: list(text.encode("latin-1")),
+                   decode=lambda ids: bytes(ids).decode("latin-1"))
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
@@ -62,14 +67,27 @@ def tiny_model(kind, seed=0, **overrides):
     return model
 
 
+def lively_model(kind, seed=0, **overrides):
+    """tiny_model with its matrices 20 times larger: at N(0, 0.02) a tiny model's greedy output is one token
+    repeated whatever the prompt, so a prompt cut at the wrong end would not show; this one's depends on it."""
+    model = tiny_model(kind, seed, **overrides)
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() >= 2:
+                weight.mul_(20)
+    return model
+
+
 def write_ckpt(path, model, tokenizer="bytes", **extra):
     save_checkpoint({"model": model.state_dict(), "model_args": model_args(model), "iter_num": 5,
                      "config": {}, "dataset_meta": {"tokenizer": tokenizer}, **extra}, path)
     return path
 
 
-def harness_lm(model, tokenizer="bytes", batch_size=4):
-    return evaluate.HarnessLM(model, get_tokenizer(tokenizer), "cpu", "float32", batch_size)
+def harness_lm(model, tokenizer="bytes", batch_size=4, dtype="float32"):
+    """HarnessLM on the CPU; tokenizer a name or a Tokenizer."""
+    tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    return evaluate.HarnessLM(model, tok, "cpu", dtype, batch_size)
 
 
 @torch.no_grad()
@@ -90,12 +108,13 @@ def direct(model, context, continuation, vocab=256):
 
 
 @torch.no_grad()
-def greedy_continuation(model, context, n):
-    """The n tokens that greedy decoding gives after context (context and them within block_size)."""
+def greedy_continuation(model, context, n, vocab=None):
+    """The n tokens that greedy decoding gives after context (context and them within block_size), among
+    the first vocab ids (all by default)."""
     tokens = list(context)
     for _ in range(n):
         logits, _ = model(torch.tensor([tokens]))
-        tokens.append(logits[0, -1].argmax().item())
+        tokens.append(logits[0, -1, :vocab].argmax().item())
     return tokens[len(context):]
 
 
@@ -158,7 +177,7 @@ def test_rolling_loglikelihood_is_the_harness_windows(kind):
     got = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)],
                                    disable_tqdm=True)
     for text, logprob in zip(texts, got):
-        assert logprob == pytest.approx(direct_rolling(model, list(text.encode()), evaluate.NEWLINE), abs=TOL)
+        assert logprob == pytest.approx(direct_rolling(model, list(text.encode()), ord("\n")), abs=TOL)
 
 
 def test_text_requests_with_the_gpt2_tokenizer(gpt2_offline):
@@ -186,7 +205,7 @@ def test_a_context_of_spaces_reads_the_prefix_token():
     reaches the model empty: it reads the prefix token, as an empty context does, in any batch size."""
     model = tiny_model("rd")
     pair = Instance("loglikelihood", {}, (" ", " abc"), 0)
-    want = direct(model, [evaluate.NEWLINE], list(b"  abc"))
+    want = direct(model, list(b"\n"), list(b"  abc"))
     for batch_size in (1, 4):
         got = harness_lm(model, batch_size=batch_size).loglikelihood([pair], disable_tqdm=True)
         assert got[0] == pytest.approx(want, abs=TOL)
@@ -212,7 +231,7 @@ def test_batching_and_sorting_change_no_score():
 def test_long_contexts_lose_their_beginning_and_long_continuations_go_in_pieces():
     """A context longer than block_size scores as its last tokens alone (the ones that fit beside the
     continuation); a continuation longer than block_size scores as its block_size pieces, each after what
-    precedes it, cut the same way."""
+    precedes it, cut the same way; it is greedy only where every piece is."""
     model = tiny_model("rd")
     lm = harness_lm(model, batch_size=1)
     g = torch.Generator().manual_seed(2)
@@ -226,32 +245,110 @@ def test_long_contexts_lose_their_beginning_and_long_continuations_go_in_pieces(
     assert evaluate.score_windows([1], list(range(2, 70)), 32) == [
         (list(range(1, 33)), list(range(2, 34)), 32), (list(range(33, 65)), list(range(34, 66)), 32),
         (list(range(37, 69)), list(range(38, 70)), 4)]
+    # 33 tokens after [7]: a piece of 32, then one token read after the 32 before it (both windows 32 long)
+    greedy = greedy_continuation(model, [7], 32)
+    wrong_first = [(greedy[0] + 1) % 256] + greedy[1:]  # a miss in the first piece only
+    pairs = [([7], greedy + greedy_continuation(model, greedy, 1)), ([7], wrong_first + greedy_continuation(model, wrong_first, 1))]
+    for batch_size in (1, 4):  # the pieces in batches of their own, and in one batch
+        got = harness_lm(model, batch_size=batch_size).score(pairs)
+        assert [flag for _, flag in got] == [True, False]
+        assert_same_scores(got, [direct(model, *pair) for pair in pairs])
 
 
-def test_generation_is_greedy_with_the_cache_and_stops():
+def test_generation_is_greedy_with_the_cache_and_stops(monkeypatch):
     """generate_until: the model's greedy tokens (as generate without the key-value cache makes them),
-    cut at the first stop sequence (a list, a string or a tuple of them); at most max_gen_toks tokens (or
-    max_new_tokens, a name the harness also reads). A long prompt keeps its last block_size - max_gen_toks
-    tokens, as the harness's Hugging Face model cuts it, but at least half the window: with the
-    256-token default at block_size 32, 16 (the window then slides)."""
-    model = tiny_model("rd")
-    lm = harness_lm(model)
+    cut at the first stop sequence (a list, a string or a tuple of them, in any order; an empty one stops
+    nothing), drawing no token past it; at most max_gen_toks tokens (or max_new_tokens, a name the harness
+    also reads). A long prompt keeps its last block_size - max_gen_toks tokens, as the harness's Hugging
+    Face model cuts it, but at least half the window: with the 256-token default at block_size 32, 16 (the
+    window then slides). An empty prompt reads the prefix token."""
+    model = lively_model("rd")
+    lm = harness_lm(model, LATIN1)
     prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
+    ids = LATIN1.encode(prompt)
 
     def greedy(kept, n):
-        tokens = model.generate(torch.tensor([kept]), n, temperature=0, use_cache=False)[0, len(kept):].tolist()
-        return bytes(tokens).decode("utf-8", errors="replace")
+        return LATIN1.decode(model.generate(torch.tensor([kept]), n, temperature=0, use_cache=False)[0, len(kept):].tolist())
 
-    text = greedy(list(prompt.encode())[-(32 - 12):], 12)  # room for the 12 new tokens in the window
+    drawn = []
+    generate_tokens = model.generate_tokens
+
+    def counted(*args, **kwargs):
+        for token in generate_tokens(*args, **kwargs):
+            drawn.append(token.item())
+            yield token
+    monkeypatch.setattr(model, "generate_tokens", counted)
+
+    text = greedy(ids[-(32 - 12):], 12)  # room for the 12 new tokens in the window
+    assert text != greedy(ids[:32 - 12], 12)  # (the end of the prompt kept shows)
     assert lm.generate(prompt, {"max_gen_toks": 12}) == lm.generate(prompt, {"max_new_tokens": 12}) == text
     stop = text[5:7]
-    got = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": [stop, "never"], "max_gen_toks": 12}), 0),
-                             Instance("generate_until", {}, (prompt, {"until": (stop,), "max_gen_toks": 12}), 1)],
-                            disable_tqdm=True)
-    assert got == [text[:text.index(stop)]] * 2
-    text = greedy(list(prompt.encode())[-16:], 40)  # the default limit: half the window for the prompt
+    assert text.index(stop) == 5
+    drawn.clear()
+    got = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": until, "max_gen_toks": 12}), i)
+                             for i, until in enumerate(([stop, "never"], (stop,), ["never", "", stop]))], disable_tqdm=True)
+    assert got == [text[:5]] * 3 and len(drawn) == 3 * 7  # each stops drawing at its stop's last token
+    text = greedy(ids[-16:], 40)  # the default limit: half the window for the prompt
+    assert text != greedy(ids[-17:], 40)
     stop = text[30:32]
     assert lm.generate(prompt, {"until": stop}) == text[:text.index(stop)]
+    assert lm.generate("", {"max_gen_toks": 6}) == greedy(list(b"\n"), 6)
+
+
+def test_generation_stops_at_the_end_of_text_token():
+    """The tokenizer's end-of-text token ends a generation, and is no part of its text."""
+    model = lively_model("rd")
+    prompt = "A prompt longer than the block size of this tiny model: Q: hi\nA:"
+    kept = LATIN1.encode(prompt)[-(32 - 12):]
+    tokens = model.generate(torch.tensor([kept]), 12, temperature=0, use_cache=False)[0, len(kept):].tolist()
+    eot = tokens[4]
+    assert eot not in tokens[:4]
+    lm = harness_lm(model, dataclasses.replace(LATIN1, eot=eot))
+    assert lm.generate(prompt, {"max_gen_toks": 12}) == LATIN1.decode(tokens[:4])
+
+
+def test_ids_past_the_tokenizer_are_never_scored_or_generated():
+    """A vocabulary padded past the tokenizer's (320 ids over 256 bytes, as GPT-2's 50304 over 50257) whose
+    padded ids win every argmax here: the log-softmax, the greedy flags and generation leave them out."""
+    model = lively_model("rd", vocab_size=320)
+    with torch.no_grad():
+        model.lm_head.weight[256:] *= 3  # (tied to wte: ids never read, only scored)
+    x = torch.tensor([list(range(40, 72))])
+    assert (model(x, targets=x)[0].argmax(dim=-1) >= 256).all()
+    pairs = requests()[:6] + [([1, 2, 3], greedy_continuation(model, [1, 2, 3], 5, vocab=256))]
+    got = harness_lm(model, LATIN1).score(pairs)
+    assert got[-1][1] is True
+    assert_same_scores(got, [direct(model, *pair, vocab=256) for pair in pairs])
+    prompt = "Q: hi\nA:"
+    want = model.generate_tokens(torch.tensor([LATIN1.encode(prompt)]), 12, temperature=0, use_cache=False, vocab_size=256)
+    assert harness_lm(model, LATIN1).generate(prompt, {"max_gen_toks": 12}) == LATIN1.decode([t.item() for t in want])
+
+
+def test_the_dtype_is_the_forward_passes():
+    """dtype=bfloat16 (on the CPU here): every forward, scoring and generating, runs in bfloat16 autocast,
+    and log-softmaxes its logits in float32, as a direct bfloat16 forward and a float32 log-softmax do."""
+    model = tiny_model("rd")
+    pairs = requests()
+    lm = harness_lm(model, dtype="bfloat16")
+    dtypes = []
+    model.register_forward_hook(lambda module, args, output: dtypes.append(output[0].dtype))
+
+    @torch.no_grad()
+    def direct_bf16(context, continuation):
+        tokens = (context + continuation)[-(32 + 1):]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, _ = model(torch.tensor([tokens[:-1]]), targets=torch.tensor([tokens[1:]]))
+        logp = logits[0, -len(continuation):].float().log_softmax(dim=-1)
+        return logp.gather(1, torch.tensor(continuation)[:, None]).sum().item()
+
+    got = [logprob for logprob, _ in lm.score(pairs)]
+    float32 = [logprob for logprob, _ in harness_lm(model).score(pairs)]
+    assert max(abs(a - b) for a, b in zip(got, float32)) > 10 * TOL  # (bfloat16 shows)
+    # measured: within 1e-5 of the direct bfloat16 forward; a bfloat16 log-softmax is off by ~1e-2
+    assert got == pytest.approx([direct_bf16(*pair) for pair in pairs], abs=TOL)
+    dtypes.clear()
+    lm.generate("Q: hi\nA:", {"max_gen_toks": 3})
+    assert dtypes == [torch.bfloat16] * 3
 
 
 def test_generation_samples_where_the_task_asks():
@@ -300,7 +397,7 @@ def test_local_tasks_end_to_end(tasks, tmp_path):
              for d in DOCS["tiny_choice"]]
     assert scores["tiny_choice/acc"] == sum(p == d["answer"] for p, d in zip(picks, DOCS["tiny_choice"])) / 4
     texts = [d["text"] for d in DOCS["tiny_rolling"]]
-    nats = -sum(direct_rolling(model, list(t.encode()), evaluate.NEWLINE) for t in texts)
+    nats = -sum(direct_rolling(model, list(t.encode()), ord("\n")) for t in texts)
     assert scores["tiny_rolling/bits_per_byte"] == pytest.approx(nats / sum(len(t.encode()) for t in texts) / math.log(2), rel=1e-5)
     if importlib.util.find_spec("wandb"):
         (run,) = (tmp_path / "wandb").glob("offline-run-*-evaltest7/run-evaltest7.wandb")
@@ -309,18 +406,21 @@ def test_local_tasks_end_to_end(tasks, tmp_path):
 
 def test_folded_and_unfolded_dlr_score_the_same(tasks, tmp_path, capsys):
     """A DLR checkpoint and fold.py's folding of it give the same scores on every task (the fold keeps
-    the logits bitwise)."""
+    the logits bitwise), each on the first --limit examples of each task."""
     torch.manual_seed(0)
     model = randomise_queries(perturb_norms_and_biases(GPT(GPTConfig(**TINY, **MODELS["folded_dlr"]))))
     ckpt = write_ckpt(tmp_path / "ckpt.pt", model.eval())
     fold.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "folded.pt")])
-    common = ["--tasks=tiny_choice,tiny_rolling,tiny_gen", f"--include_path={tasks}", "--device=cpu"]
+    common = ["--tasks=tiny_choice,tiny_rolling,tiny_gen", f"--include_path={tasks}", "--device=cpu", "--limit=3"]
     code, _, err, dlr = run_main([f"--ckpt={ckpt}", *common], capsys)
     assert code == 0, err
     code, _, err, folded = run_main([f"--ckpt={tmp_path / 'folded.pt'}", *common], capsys)
     assert code == 0, err
     assert dlr["model_args"]["dlr"] is True and folded["model_args"]["dlr"] is False
     assert folded["scores"] == dlr["scores"]
+    # --limit: the first 3 examples of each task (tiny_gen has 2)
+    assert {task: n["effective"] for task, n in dlr["harness"]["n-samples"].items()} == dict(tiny_choice=3, tiny_rolling=3, tiny_gen=2)
+    assert (dlr["limit"], dlr["iter_num"], dlr["batch_size"], dlr["dtype"]) == (3, 5, 16, "float32")
     assert (tmp_path / "folded.eval.json").exists() and (tmp_path / "ckpt.eval.json").exists()
 
 
@@ -350,6 +450,11 @@ def test_init_from_gpt2(tasks, tmp_path, capsys, monkeypatch, gpt2_offline):
 
 # -----------------------------------------------------------------------------
 # bad input: one line that says what to do
+
+def test_each_task_is_named_once():
+    """--tasks names each task once, in its order (the harness refuses repeats), empty names dropped."""
+    assert evaluate.parse_args(["--tasks=tiny_gen,tiny_choice,tiny_gen,,", "--device=cpu"]).tasks == ["tiny_gen", "tiny_choice"]
+
 
 def test_one_line_errors(tasks, tmp_path, capsys):
     """An unknown task (the harness's list is the judge), a checkpoint that does not load, --limit not
