@@ -49,11 +49,12 @@ class _NotAnURL(Exception):
 
 
 def _content_range(value):
-    # "bytes 100-199/200" -> (100, 200); the total may be "*" (unknown) -> (100, None)
+    # "bytes 100-199/200" -> (100, 200); the total may be "*" (unknown) -> (100, None); a 416 names
+    # no range, only the length: "bytes */200" -> (None, 200)
     try:
         unit, spec = value.split(" ", 1)
         span, total = spec.split("/", 1)
-        return int(span.split("-", 1)[0]), (None if total == "*" else int(total))
+        return (None if span == "*" else int(span.split("-", 1)[0])), (None if total == "*" else int(total))
     except (AttributeError, ValueError):
         return None, None
 

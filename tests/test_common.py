@@ -7,9 +7,11 @@ non-finite count, checkpoints read into CPU memory. The GPUs themselves: test_gp
 
 import os
 import re
+import itertools
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -195,6 +197,8 @@ def test_mfu_peak_matches_gpu_names_exactly(monkeypatch):
                          "Tesla T4": 65}.items():
         fake_gpu(monkeypatch, name)
         assert peak_flops("cuda", "bfloat16") == (tflops * 1e12, f"the {name} datasheet")
+    fake_gpu(monkeypatch, "NVIDIA H100 PCIe", count=2)  # torchrun's cuda:N, not only a plain "cuda"
+    assert peak_flops("cuda:1", "bfloat16") == (756e12, "the NVIDIA H100 PCIe datasheet")
     fake_gpu(monkeypatch, "NVIDIA A100 Next")  # contains "A100", once enough for an A100's peak
     assert peak_flops("cuda", "bfloat16") == (1.5e12, "a bfloat16 matmul measured on cuda")
     assert peak_flops("cuda", "bfloat16", peak_tflops=400.0) == (400e12, "peak_tflops")
@@ -210,6 +214,34 @@ def test_cpu_peak_is_measured_in_the_training_dtype():
     assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng)
 
 
+def test_cpu_peak_is_timed_on_one_thread_and_scaled_to_torchs_threads(monkeypatch):
+    """One thread is timed, then torch's thread count is restored (a run kept on one thread would lose its
+    cores) and the timing multiplied by it. A clock that ticks 2**-7 s a reading makes the timing exact."""
+    def measure(threads):
+        ticks = itertools.count()
+        monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 2 ** -7)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        set_to = []
+        monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+        return common.measured_matmul_flops("cpu", "float32"), set_to
+
+    (one, set_one), (four, set_four) = measure(1), measure(4)
+    assert set_one == [1, 1] and set_four == [1, 4]
+    assert four == 4 * one and one == 2 * 512 ** 3 * 5 / (7 * 2 ** -7)  # 5 matmuls timed over 7 ticks
+
+
+def test_cannot_write_says_why_before_the_work(tmp_path):
+    """Asked before an evaluation or a fold: None where write_atomic could write (the folders it would
+    make included), else why not in a few words."""
+    assert common.cannot_write(tmp_path / "new" / "deeper" / "ckpt.pt") is None
+    assert common.cannot_write(tmp_path) == "it is a folder"
+    (tmp_path / "file").write_text("x")
+    assert common.cannot_write(tmp_path / "file" / "deeper" / "ckpt.pt") == f"{tmp_path / 'file'} is a file, not a folder"
+    if os.name == "posix" and os.geteuid() != 0:  # root writes in a read-only folder
+        (tmp_path / "ro").mkdir(mode=0o500)
+        assert common.cannot_write(tmp_path / "ro" / "ckpt.pt").startswith(f"cannot create a file in {tmp_path / 'ro'}")
+
+
 def test_synchronize_waits_for_the_named_gpu(monkeypatch):
     """bench.py timed cuda:1 while synchronising cuda:0 (torch's current device)."""
     calls = []
@@ -219,9 +251,10 @@ def test_synchronize_waits_for_the_named_gpu(monkeypatch):
     assert calls == ["cuda:1"]
 
 
-def simulate_nodes(fn_for, nodes=2, per_node=2, late_rank=None):
+def simulate_nodes(fn_for, nodes=2, per_node=2, late_rank=None, then=None):
     """Run once_per_node in one thread per rank (rank = node * per_node + local rank), with a real barrier.
-    fn_for(rank) is the rank's fn. late_rank starts only once rank 0 is done. Returns the ranks that ran fn."""
+    fn_for(rank) is the rank's fn. late_rank starts only once rank 0 is done. then(rank), if given, runs in
+    each rank once once_per_node has returned there. Returns the ranks that ran fn."""
     world = nodes * per_node
     barrier = threading.Barrier(world, timeout=20)  # a rank that skipped a barrier breaks it: no silent hang
     ran, rank0_done, errors = [], threading.Event(), []
@@ -237,6 +270,8 @@ def simulate_nodes(fn_for, nodes=2, per_node=2, late_rank=None):
                 if rank == 0:
                     rank0_done.set()
             once_per_node(fn, rank, rank % per_node, barrier.wait)
+            if then:
+                then(rank)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
@@ -265,6 +300,32 @@ def test_one_rank_per_node_downloads_and_every_rank_waits(tmp_path):
     assert simulate_nodes(fetch(lambda rank: shared)) == [0, 2] and fetched == [0]
     fetched.clear()
     assert simulate_nodes(fetch(lambda rank: tmp_path / f"node{rank // 2}.safetensors")) == [0, 2] and fetched == [0, 2]
+
+
+def test_every_rank_waits_for_its_nodes_slow_download(tmp_path):
+    """A download takes a while: a rank of another node that started its own before rank 0 had finished
+    would fetch the shared file a second time, and a rank that returned before its node's download was
+    done would read a file that is not there yet."""
+    fetched = []
+
+    def slow_fetch(path):
+        def fn(rank):
+            if not path(rank).exists():
+                fetched.append(rank)
+                time.sleep(0.2)
+                path(rank).write_text("weights")
+        return fn
+
+    def found(path):
+        def then(rank):
+            assert path(rank).read_text() == "weights", f"rank {rank} went on before its node had the file"
+        return then
+
+    shared = lambda rank: tmp_path / "shared.safetensors"  # noqa: E731
+    assert simulate_nodes(slow_fetch(shared), then=found(shared)) == [0, 2] and fetched == [0]
+    fetched.clear()
+    per_node = lambda rank: tmp_path / f"node{rank // 2}.safetensors"  # noqa: E731
+    assert simulate_nodes(slow_fetch(per_node), then=found(per_node)) == [0, 2] and fetched == [0, 2]
 
 
 def test_a_late_rank_passes_the_same_barriers(tmp_path):

@@ -10,13 +10,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import requests
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the scripts live at the repo root, the server helper here
 
+import download as download_py
 import prepare
 from download import DownloadError, download
 from localserver import LocalServer
@@ -132,12 +135,112 @@ def test_download_catches_a_server_lying_about_the_length(tmp_path):
     assert not (tmp_path / "blob").exists()
 
 
-def test_download_retries_5xx_then_succeeds(tmp_path):
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_download_retries_5xx_then_succeeds(tmp_path, status):
+    """Every 5xx, 500 included, and 429 Too Many Requests are worth another attempt; other 4xx are not."""
     with LocalServer({"/blob": BLOB}) as server:
-        server.fail("/blob", 503, times=2)
+        server.fail("/blob", status, times=2)
         download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
         assert server.count("/blob") == 3
     assert (tmp_path / "blob").read_bytes() == BLOB
+
+
+def test_download_backs_off_exponentially(tmp_path, monkeypatch, capsys):
+    """Retry k first waits backoff * 2**(k-1) seconds, and says so."""
+    delays = []
+    monkeypatch.setattr(download_py, "time", SimpleNamespace(sleep=delays.append, time=download_py.time.time))
+    with LocalServer({"/blob": BLOB}) as server:
+        server.fail("/blob", 503, times=3)
+        download(server.url + "/blob", tmp_path / "blob", retries=3, backoff=0.5)
+        assert server.count("/blob") == 4
+    assert delays == [0.5, 1.0, 2.0]
+    retrying = [line for line in capsys.readouterr().err.splitlines() if "retrying" in line]
+    assert [line.split("; ")[-1] for line in retrying] == [f"retrying in {d:g} s ({k}/3)" for k, d in enumerate(delays, 1)]
+
+
+def serve_ranges(monkeypatch, answer):
+    """Requests go to the server with their Range header replaced by answer(range): what a server that
+    answers another range than the one asked for sends back (the client's own Range is lost)."""
+    real_get = requests.get
+
+    def get(url, headers=None, **kwargs):
+        headers = dict(headers or {})
+        if "Range" in headers:
+            headers["Range"] = answer(headers["Range"])
+        return real_get(url, headers=headers, **kwargs)
+    monkeypatch.setattr(requests, "get", get)
+
+
+def test_a_resume_from_another_byte_starts_over(tmp_path, monkeypatch):
+    """Asked for the rest from byte N, a server sends it from byte N + 1000: appended, 1000 bytes would be
+    missing from the middle of the file. The part is dropped and the file fetched whole."""
+    shifted = []
+
+    def skip_ahead(asked):
+        if shifted:
+            return asked
+        shifted.append(asked)
+        return f"bytes={int(asked.removeprefix('bytes=').rstrip('-')) + 1000}-"
+    serve_ranges(monkeypatch, skip_ahead)
+    with LocalServer({"/blob": BLOB}) as server:
+        server.cut("/blob", after=150_000)
+        dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+        assert [asked for _, _, asked in server.requests][::2] == [None, None] and server.count("/blob") == 3
+    assert dest.read_bytes() == BLOB
+
+
+def test_a_server_that_sends_part_of_the_rest_is_asked_again(tmp_path, monkeypatch):
+    """Some servers answer an open range ("bytes=N-") with a bounded piece of it: a 206 whose Content-Range
+    names the full length. The file is complete only at that length, resumed as often as it takes."""
+    def at_most_100k(asked):
+        start = int(asked.removeprefix("bytes=").rstrip("-"))
+        return f"bytes={start}-{start + 99_999}"
+    serve_ranges(monkeypatch, at_most_100k)
+    with LocalServer({"/blob": BLOB}) as server:
+        server.cut("/blob", after=150_000)
+        dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+        assert server.count("/blob") == 3  # the cut, 100k more, the rest
+    assert dest.read_bytes() == BLOB and [p.name for p in tmp_path.iterdir()] == ["blob"]
+
+
+def test_a_complete_part_is_finished_without_fetching_it_again(tmp_path):
+    """A process stopped between the last byte and the rename leaves a complete .part: the server answers
+    its resume 416 with the full length, and the part is renamed as it is. A .part longer than the file
+    is not the file: it is dropped and the file fetched whole."""
+    with LocalServer({"/blob": BLOB}) as server:
+        (tmp_path / "blob.part").write_bytes(BLOB)
+        dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+        assert server.requests == [("GET", "/blob", f"bytes={len(BLOB)}-")]
+        assert dest.read_bytes() == BLOB and [p.name for p in tmp_path.iterdir()] == ["blob"]
+        dest.unlink()
+        (tmp_path / "blob.part").write_bytes(BLOB + b"from an older, longer file")
+        download(server.url + "/blob", dest, backoff=0, quiet=True)
+        assert server.requests[1:] == [("GET", "/blob", f"bytes={len(BLOB) + 26}-"), ("GET", "/blob", None)]
+    assert dest.read_bytes() == BLOB and [p.name for p in tmp_path.iterdir()] == ["blob"]
+
+
+def test_the_validator_names_the_version_the_part_holds(tmp_path):
+    """A weak ETag may not be used for ranges (If-Range with one always gets the whole file): Last-Modified
+    is kept instead. A whole file that comes with no validator leaves none: the one kept named the bytes
+    the part held before, not these."""
+    validator = tmp_path / "blob.part.validator"
+    with LocalServer({"/blob": BLOB}) as server:
+        server.headers("/blob", {"ETag": 'W/"v1"', "Last-Modified": "Wed, 21 Oct 2015 07:28:00 GMT"})
+        server.cut("/blob", after=150_000)
+        with pytest.raises(DownloadError):
+            download(server.url + "/blob", tmp_path / "blob", retries=0, quiet=True)
+        assert validator.read_text() == "Wed, 21 Oct 2015 07:28:00 GMT"
+        server.headers("/blob", {"ETag": '"v2"'})
+        server.cut("/blob", after=150_000)
+        with pytest.raises(DownloadError):
+            download(server.url + "/blob", tmp_path / "blob", retries=0, quiet=True)
+        assert validator.read_text() == '"v2"'
+        server.headers("/blob", {})  # the file changed again, served without ETag or Last-Modified now
+        server.files["/blob"] = bytes(reversed(BLOB))
+        server.cut("/blob", after=150_000)
+        with pytest.raises(DownloadError):
+            download(server.url + "/blob", tmp_path / "blob", retries=0, quiet=True)
+        assert server.requests[-1][2] is not None and not validator.exists()
 
 
 def test_download_offline_says_which_host(tmp_path):
@@ -248,6 +351,18 @@ def test_download_does_not_take_a_plain_etag_for_the_sha256(tmp_path):
     assert (tmp_path / "hub.sha256").read_text() == f"{hashlib.sha256(BLOB).hexdigest()}  hub\n"
 
 
+def test_a_record_left_from_another_file_is_dropped(tmp_path):
+    """A .sha256 whose file was deleted by hand names bytes no longer there: a download from a server that
+    publishes no sha256 removes it, else every later run would find the file "changed" and fetch it again."""
+    (tmp_path / "blob.sha256").write_text(f"{hashlib.sha256(b'an older file').hexdigest()}  blob\n")
+    with LocalServer({"/blob": BLOB}) as server:
+        dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
+        assert [p.name for p in tmp_path.iterdir()] == ["blob"]
+        download(server.url + "/blob", dest, backoff=0, quiet=True)
+        assert server.count("/blob") == 1
+    assert dest.read_bytes() == BLOB
+
+
 def test_download_without_a_published_sha256_checks_the_length_only(tmp_path):
     """No ETag, or one that is not a 64-hex sha256 (an md5 here): wrong bytes of the right length pass."""
     for headers in ({}, {"ETag": f'"{hashlib.md5(BLOB).hexdigest()}"'}):
@@ -282,6 +397,21 @@ def test_pydocs_prepares_offline(tmp_path, monkeypatch):
     assert joined.startswith(train_text) and joined.endswith(val_text) and train_text.endswith("\n")
     assert len(train_text) + len(val_text) in (len(joined), len(joined) - 2)  # cut inside a doc, or between two
     assert 0.09 < len(val) / (len(train) + len(val)) < 0.12
+
+
+def test_split_tail_cuts_at_a_line_or_between_documents():
+    """val is the last val_fraction of the characters, from the start of the line the cut falls in; a
+    document that ends at the cut is a boundary already, whole in train even without a final newline."""
+    assert prepare.split_tail(["aaaa\nbbbb", "c"], 0.1) == (["aaaa\nbbbb"], ["c"])
+    assert prepare.split_tail(["a", "bbbb\ncccc"], 0.3) == (["a", "bbbb\n"], ["cccc"])
+    assert prepare.split_tail(["0123456789"], 0.3) == (["0123456"], ["789"])  # no line to go back to
+
+
+@pytest.mark.parametrize("val_fraction", [0, 1, 1.5, -0.1])
+def test_val_fraction_must_leave_both_splits_some_text(tmp_path, val_fraction):
+    with pytest.raises(ValueError, match=f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}"):
+        prepare.prepare("pydocs", out=tmp_path / "p", val_fraction=val_fraction, quiet=True)
+    assert not (tmp_path / "p").exists()
 
 
 def test_rerun_reuses_valid_output_and_redoes_corrupt_output(tmp_path, capsys):
@@ -483,6 +613,20 @@ def test_fineweb_rerun_refetches_a_shard_that_no_longer_matches_its_sha256(tmp_p
     assert shard.read_bytes() == files["/fineweb_train_000001.bin"]
 
 
+def test_fineweb_rerun_refetches_a_damaged_shard_that_has_no_sha256(tmp_path):
+    """A server that publishes no sha256 leaves no record; a shard cut short on disk since is seen by
+    its header, removed and fetched again (download() would take a file it finds for finished)."""
+    files = fineweb_files(1)
+    with LocalServer(files) as server:
+        data_dir = prepare.prepare("fineweb10B", shards=1, out=tmp_path / "fw", url=server.url, quiet=True)
+        shard = data_dir / "fineweb_train_000001.bin"
+        assert not (data_dir / "fineweb_train_000001.bin.sha256").exists()
+        shard.write_bytes(shard.read_bytes()[:-100])
+        prepare.prepare("fineweb10B", shards=1, out=data_dir, url=server.url, quiet=True)
+        assert server.count("/fineweb_train_000001.bin") == 2 and server.count("/fineweb_val_000000.bin") == 1
+    assert shard.read_bytes() == files["/fineweb_train_000001.bin"] and load_meta(data_dir)["train_tokens"] == 5000
+
+
 @pytest.mark.parametrize("damage", ["truncated", "bad magic"])
 def test_fineweb_bad_download_is_rejected_and_removed(tmp_path, damage):
     files = fineweb_files(1)
@@ -505,11 +649,19 @@ def test_shards_hints_name_the_datasets_prepare_makes():
     assert shards.DATA_ROOT == prepare.DATA_ROOT == REPO / "data"
 
 
-def test_fineweb_is_gpt2_only():
+def test_fineweb_is_gpt2_only(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on: what is not refused fails there, never online
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(ValueError, match="GPT-2"):
         prepare.prepare("fineweb10B", tokenizer="bytes", quiet=True)
-    with pytest.raises(ValueError, match="between 1 and 99"):
-        prepare.prepare("finewebedu10B", shards=100, quiet=True)
+    with pytest.raises(ValueError, match="comes with its own val shard: drop --val_fraction"):
+        prepare.prepare("fineweb10B", val_fraction=0.2, out=tmp_path / "fw", url=dead, quiet=True)
+    for count in (0, 100):
+        with pytest.raises(ValueError, match=f"--shards must be between 1 and 99 for finewebedu10B, got {count}"):
+            prepare.prepare("finewebedu10B", shards=count, out=tmp_path / "fw", url=dead, quiet=True)
+    with pytest.raises(DownloadError, match="finewebedu_val_000000.bin failed"):
+        prepare.prepare("finewebedu10B", shards=99, out=tmp_path / "fw", url=dead, quiet=True)
 
 
 # -----------------------------------------------------------------------------
@@ -562,6 +714,31 @@ def test_text_large_input_is_sharded_and_stale_shards_removed(tmp_path, monkeypa
     assert meta["train_tokens"] + meta["val_tokens"] == sum(len(p.read_bytes()) for p in folder.rglob("*.txt")) + 2 * 2
     assert sorted(p.name for p in data_dir.glob("*.bin")) == sorted(meta["train_files"] + meta["val_files"])
     assert len(meta["train_files"]) == -(-meta["train_tokens"] // 300)
+
+
+def test_another_val_fraction_never_replaces_a_prepared_dataset(tmp_path):
+    """Another split of the same text is another dataset (its val tokens differ): refused, the folder as it was."""
+    (tmp_path / "a.txt").write_text("some text\n" * 50)
+    data_dir = prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=tmp_path / "t", quiet=True)
+    before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
+    with pytest.raises(ValueError, match=f"{data_dir} holds a complete dataset with val_fraction 0.1, not 0.2"):
+        prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=data_dir, val_fraction=0.2, quiet=True)
+    assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before
+
+
+def test_a_dataset_rewritten_halfway_has_no_meta_json(tmp_path, monkeypatch):
+    """meta.json marks a folder complete: it goes before the first shard is rewritten, so an interrupted
+    rewrite (here: a full disk) leaves no meta.json describing shards that are gone or changed."""
+    (tmp_path / "a.txt").write_text("some text\n" * 50)
+    data_dir = prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=tmp_path / "t", quiet=True)
+    (tmp_path / "a.txt").write_text("other text\n" * 80)  # a changed input is prepared again
+
+    def disk_full(path, tokens):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(prepare, "write_shard", disk_full)
+    with pytest.raises(OSError):
+        prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=data_dir, quiet=True)
+    assert not (data_dir / "meta.json").exists()
 
 
 def test_text_without_text_is_an_error(tmp_path):
