@@ -19,6 +19,7 @@ torch is imported inside the functions that need it: prepare.py and download.py 
 without paying for torch.
 """
 
+import json
 import math
 import os
 import platform
@@ -195,6 +196,21 @@ def task_scores(results):
 # run names: what compare.py's grids and bench.py's rows call a model
 
 REFERENCE = "standard"  # every run of a grid is compared with the standard (dense) run of the same seed
+
+
+def read_train_args(path, remedy):
+    """The train.py arguments a run of a grid began with, from the train_args.json compare.py writes. A file
+    that is not such a list is a ValueError that names it, ending in remedy: what to do about it."""
+    path = Path(path)
+    try:
+        args = json.loads(path.read_text())
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError("not a list of train.py arguments")
+    except OSError as e:  # (a folder with a checkpoint but not this file: not begun by compare.py)
+        raise ValueError(f"cannot read {path} ({e.strerror}), so what the run trains is unknown: {remedy}") from None
+    except ValueError as e:  # (JSON's errors are ValueErrors too)
+        raise ValueError(f"{path} is damaged ({e}): {remedy}") from None
+    return args
 
 
 def split_point(name):

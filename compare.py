@@ -87,7 +87,7 @@ from pathlib import Path
 import numpy as np
 
 import configurator
-from common import REFERENCE, cannot_write, die, hms, routing_summary, run_name, split_point, task_scores
+from common import REFERENCE, cannot_write, die, hms, read_train_args, routing_summary, run_name, split_point, task_scores
 from common import run_settings as common_run_settings
 from figures import comparisons, plot_max_weight, plot_routing, plot_sweep, plot_sweep_max_weight, plot_val_loss
 
@@ -584,21 +584,6 @@ def train_args(config, run_dir, seed, name, passthrough):
             if not a.startswith(("--out_dir=", "--wandb_"))]
 
 
-def read_train_args(run_dir, remedy):
-    """The train.py arguments a run began with (its train_args.json). A file that is not such a list is
-    a ValueError that names it, ending in remedy: what to do about it."""
-    path = Path(run_dir) / "train_args.json"
-    try:
-        args = json.loads(path.read_text())
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ValueError("not a list of train.py arguments")
-    except OSError as e:  # (a folder with a checkpoint but not this file: not begun by compare.py)
-        raise ValueError(f"cannot read {path} ({e.strerror}), so what the run trains is unknown: {remedy}") from None
-    except ValueError as e:  # (JSON's errors are ValueErrors too)
-        raise ValueError(f"{path} is damaged ({e}): {remedy}") from None
-    return args
-
-
 def arg_settings(args):
     """The settings train.py arguments stand for, read left to right as train.py reads them: its defaults,
     then each config file's settings and each --key=value. So the same flags in another order, 1e-3 and
@@ -717,7 +702,7 @@ def resumable(run_dir, args, code):
     if not (run_dir / "ckpt.pt").exists():
         return False
     remedy = f"to train it anew, delete or move {run_dir} yourself (compare.py never deletes a checkpoint)"
-    old = read_train_args(run_dir, remedy)
+    old = read_train_args(run_dir / "train_args.json", remedy)
     differ = differing_args(old, args)
     if differ:
         raise ValueError(f"{run_dir} holds a checkpoint of a run begun with other train.py settings: {'; '.join(differ)}. "
@@ -901,7 +886,7 @@ def main(argv):
         retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete {run_dir}"
                    + (f" and {published}" if published and published.exists() else "") + " to retrain it")
         if (run_dir / "train_args.json").exists():
-            began = read_train_args(run_dir, f"delete it to have the run checked against its log, or {retrain}")
+            began = read_train_args(run_dir / "train_args.json", f"delete it to have the run checked against its log, or {retrain}")
             differ = differing_args(began, args)
             if differ:
                 raise ValueError(f"{run_dir} finished with other train.py arguments ({'; '.join(differ)}): {retrain}")

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import configurator  # noqa: E402
-from common import REFERENCE, cannot_write, die, run_settings, split_point, sublayer_routes  # noqa: E402
+from common import REFERENCE, cannot_write, die, read_train_args, run_settings, split_point, sublayer_routes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / "train.py"
@@ -262,15 +262,7 @@ def run_model(folder, name):
     files = sorted((Path(folder) / "runs" / name).glob("seed*/train_args.json"))
     if not files:
         raise ValueError(f"{Path(folder) / 'runs' / name} has no seed*/train_args.json to read the run's model from")
-    try:
-        args = json.loads(files[0].read_text())
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ValueError("not a list of train.py arguments")
-    except OSError as e:
-        raise ValueError(f"cannot read {files[0]} ({e.strerror})") from None
-    except ValueError as e:  # (JSON's errors are ValueErrors too)
-        raise ValueError(f"{files[0]} is damaged ({e}): copy it again from the run's folder in the grid's out_dir, "
-                         "where compare.py wrote it") from None
+    args = read_train_args(files[0], "copy it again from the run's folder in the grid's out_dir, where compare.py wrote it")
     args = [a if a.startswith("--") else str(ROOT / a) for a in args]
     return configurator.configure(configurator.script_defaults(TRAIN), args, str(TRAIN))[0]
 
