@@ -67,7 +67,6 @@ torch threads, runs at a time). Finished runs kept from earlier commands may hav
 results.md then says which run trained where.
 """
 
-import ast
 import hashlib
 import heapq
 import importlib.util
@@ -597,8 +596,8 @@ def arg_settings(args):
             continue
         key, _, text = arg[2:].partition("=")
         try:
-            settings[key] = text if isinstance(TRAIN_DEFAULTS.get(key), str) else ast.literal_eval(text)
-        except (ValueError, SyntaxError):
+            settings[key] = configurator.read_value(key, text, TRAIN_DEFAULTS)
+        except (KeyError, ValueError, SyntaxError):  # (kept as written: see above)
             settings[key] = text
     return settings
 

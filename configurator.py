@@ -30,13 +30,18 @@ def checked(key, value, defaults, where):
     return value
 
 
+def read_value(key, text, defaults):
+    """The value --key=text stands for: the text itself for a string setting, else a Python literal.
+    KeyError for a key defaults lacks, ValueError or SyntaxError for text that is no literal."""
+    return text if isinstance(defaults[key], str) else ast.literal_eval(text)
+
+
 def parse_value(key, text, defaults):
+    """read_value, with a one-line error for a key or a value the script would not take."""
     if key not in defaults:
         die(f"unknown config key {key!r} (see --help)", 2)
-    if isinstance(defaults[key], str):
-        return text
     try:
-        return ast.literal_eval(text)
+        return read_value(key, text, defaults)
     except (ValueError, SyntaxError):
         die(f"cannot read --{key}={text}: give a Python literal like its default {defaults[key]!r}", 2)
 
