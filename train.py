@@ -152,8 +152,9 @@ try:
     dtype = resolve_dtype(dtype, device)  # auto: see common.resolve_dtype
 except ValueError as e:
     die(e)
-if dtype == "float16" and device_type != "cuda":
-    die(f"dtype=float16 needs a gradient scaler, which is CUDA only: use bfloat16 or float32 on {device_type}")
+if dtype == "float16" and device_type not in ("cuda", "cpu"):  # (torch's gradient scaler runs on both; not tried elsewhere)
+    die(f"dtype=float16 trains with a gradient scaler, which train.py runs on CUDA and CPU: use bfloat16 or float32 "
+        f"on {device_type}")
 if compile_sublayers and not compile:
     die("compile_sublayers=True chooses what compile=True compiles: set compile=True as well")
 if gradient_accumulation_steps % world_size:
@@ -515,6 +516,9 @@ if master:
           f"{n_params:.2f}M parameters, from {init_from}" + (f" at iter {iter_num}" if init_from == "resume" else ""))
     print(f"training on {device} in {dtype}, {world_size} process(es): {gradient_accumulation_steps} x {batch_size} "
           f"x {block_size} = {tokens_per_iter:,} tokens per iteration, {max_iters} iterations")
+    if dtype == "float16" and device_type == "cpu":
+        print("float16 on a CPU: right, but slow where the CPU has no float16 matrix units (most have none); "
+              "bfloat16 is the fast half precision on CPUs")
     if raw_model.config.residual != "standard":
         with ctx:
             fused, source_dtype = raw_model.route_implementation(torch.device(device))

@@ -160,6 +160,22 @@ def test_resume_is_exact(data, tmp_path):
         assert [e["lr"] for e in events(tmp_path / run, "train")] == pytest.approx(warmup + cosine, rel=1e-12)
 
 
+def test_float16_trains_and_resumes_exactly_with_its_gradient_scaler(data, tmp_path):
+    """dtype=float16 runs on a CPU too (torch's gradient scaler does), so its path is tested here: 8
+    iterations straight == 4 + resume + 4, bit for bit, and the scaler's state is saved and resumed (its
+    growth tracker counts the steps since the last overflow: 8 in both, where a fresh scaler would count 4)."""
+    common = [*TINY, f"--dataset={data}", "--residual=rd", "--eval_interval=4", "--dtype=float16"]
+    result = train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=8", cwd=tmp_path)
+    assert "float16 on a CPU" in result.stdout
+    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=4", cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=8", "--init_from=resume", cwd=tmp_path)
+    assert losses(tmp_path / "halves") == losses(tmp_path / "straight")
+    evals = [e["val_loss"] for e in events(tmp_path / "straight", "eval")]
+    assert [e["val_loss"] for e in events(tmp_path / "halves", "eval")] == evals and evals[-1] < evals[0] - 0.3
+    scalers = [load_checkpoint(tmp_path / run / "ckpt.pt")["scaler"] for run in ("straight", "halves")]
+    assert scalers[0] == scalers[1] and scalers[0]["_growth_tracker"] == 8 and scalers[0]["scale"] == 2.0 ** 16
+
+
 def test_pseudo_queries_train_at_res_query_lr_mult_times_the_rate(data, tmp_path):
     """AdamW's first step moves each weight by lr times g / (|g| + eps), i.e. by lr wherever the gradient is
     not tiny: after one iteration the pseudo-queries, which start at zero, are at most lr x res_query_lr_mult
