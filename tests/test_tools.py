@@ -156,6 +156,43 @@ def test_gpu_check_runs_the_checks_side_by_side_and_the_timings_alone(tmp_path):
     assert [name for name in names if parts[name].get("side_by_side")] == names[:8]
 
 
+FAKE_TRAIN = """#!{python}
+# python3 for bf16_sources_check.sh without a GPU: train.py writes a log whose val loss is 2 + seed / 10, plus
+# 0.01 (seed 0), 0.02 (seed 1) or 0.06 (seed 2) with bf16 sources, and notes its arguments; the summary runs for real
+import json, os, sys
+args = sys.argv[1:]
+if args[0] != "train.py":
+    os.execv(sys.executable, [sys.executable, *args])
+opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--"))
+seed, bf16 = int(opts["seed"]), opts["bf16_sources"] == "True"
+os.makedirs(opts["out_dir"])
+with open(os.path.join(opts["out_dir"], "log.jsonl"), "w") as f:
+    f.write(json.dumps(dict(event="done", val_loss=2 + seed / 10 + bf16 * (0.01, 0.02, 0.06)[seed])) + "\\n")
+with open(os.environ["FAKE_RECORD"], "a") as f:
+    f.write(" ".join(args) + "\\n")
+"""
+
+
+def test_bf16_sources_check_pairs_the_seeds_at_the_granularity_asked(tmp_path):
+    """tools/bf16_sources_check.sh OUT 4: six rd runs with --res_blocks=4 (seeds 0-2, bf16 sources on and off),
+    each in its own folder under OUT/res_blocks=4, and the paired difference's mean and std over the seeds."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_TRAIN.format(python=sys.executable))
+    fake.chmod(0o755)
+    record = tmp_path / "record.txt"
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}", FAKE_RECORD=str(record))
+    result = subprocess.run(["bash", str(ROOT / "tools" / "bf16_sources_check.sh"), str(tmp_path / "out"), "4"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    runs = record.read_text().splitlines()
+    assert len(runs) == 6 and all("--residual=rd --res_blocks=4" in run for run in runs)
+    assert sorted((tmp_path / "out" / "res_blocks=4").glob("bf16_sources=*/seed*")) == \
+        [tmp_path / "out" / "res_blocks=4" / f"bf16_sources={b}" / f"seed{s}" for b in ("False", "True") for s in range(3)]
+    assert "seed 2: val loss bf16 sources 2.2600, float32 sources 2.2000, difference +0.0600" in result.stdout
+    assert "paired difference (bf16 - float32): +0.0300 +- 0.0265 nats over 3 seeds (0 of them lower" in result.stdout
+
+
 @pytest.mark.parametrize("script", ["gpu_check.sh", "bf16_sources_check.sh"])
 def test_scripts_parse(script):
     result = subprocess.run(["bash", "-n", str(ROOT / "tools" / script)], capture_output=True, text=True)
