@@ -174,21 +174,23 @@ with open(os.environ["FAKE_RECORD"], "a") as f:
 
 
 def test_bf16_sources_check_pairs_the_seeds_at_the_granularity_asked(tmp_path):
-    """tools/bf16_sources_check.sh OUT 4: six rd runs with --res_blocks=4 (seeds 0-2, bf16 sources on and off),
-    each in its own folder under OUT/res_blocks=4, and the paired difference's mean and std over the seeds."""
+    """tools/bf16_sources_check.sh OUT 4 delta: six delta runs with --res_blocks=4 (seeds 0-2, bf16 sources on and
+    off), each in its own folder under OUT/delta/res_blocks=4, and the paired difference's mean and std over the seeds."""
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
     fake.write_text(FAKE_TRAIN.format(python=sys.executable))
     fake.chmod(0o755)
     record = tmp_path / "record.txt"
     env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}", FAKE_RECORD=str(record))
-    result = subprocess.run(["bash", str(ROOT / "tools" / "bf16_sources_check.sh"), str(tmp_path / "out"), "4"], env=env,
+    result = subprocess.run(["bash", str(ROOT / "tools" / "bf16_sources_check.sh"), str(tmp_path / "out"), "4", "delta"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     runs = record.read_text().splitlines()
-    assert len(runs) == 6 and all("--residual=rd --res_blocks=4" in run for run in runs)
-    assert sorted((tmp_path / "out" / "res_blocks=4").glob("bf16_sources=*/seed*")) == \
-        [tmp_path / "out" / "res_blocks=4" / f"bf16_sources={b}" / f"seed{s}" for b in ("False", "True") for s in range(3)]
+    assert len(runs) == 6 and all("--residual=delta --res_blocks=4" in run for run in runs)
+    runs_dir = tmp_path / "out" / "delta" / "res_blocks=4"
+    assert sorted(runs_dir.glob("bf16_sources=*/seed*")) == \
+        [runs_dir / f"bf16_sources={b}" / f"seed{s}" for b in ("False", "True") for s in range(3)]
+    assert "8-layer delta, res_blocks=4" in result.stdout
     assert "seed 2: val loss bf16 sources 2.2600, float32 sources 2.2000, difference +0.0600" in result.stdout
     assert "paired difference (bf16 - float32): +0.0300 +- 0.0265 nats over 3 seeds (0 of them lower" in result.stdout
 
