@@ -127,17 +127,24 @@ def test_same_seed_same_backbone_and_batches_in_every_mode(data, tmp_path):
 
 def test_compiled_sublayers_train_as_the_eager_model(data, tmp_path):
     """--compile --compile_sublayers (Inductor on the CPU: each layer's two sublayers compiled, the routes
-    eager) trains, evaluates and saves like the eager run: the same losses to float32 rounding, which
-    Inductor's fused kernels reorder (4 steps at learning rate 1e-2 keep it under 1e-4)."""
+    eager) trains, evaluates and saves like the eager run, in one process and on two torchrun ranks (DDP
+    around the compiled sublayers): the same losses to float32 rounding, which Inductor's fused kernels
+    reorder (4 steps at learning rate 1e-2 keep it under 1e-4; two ranks add ~1e-7, see the test below).
+    The ranks compile the graphs the one process compiled: Inductor's cache on disk serves them."""
+    compiled = ["--compile=True", "--compile_sublayers=True"]
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN))
     runs = {}
-    for name, extra in (("eager", []), ("compiled", ["--compile=True", "--compile_sublayers=True"])):
+    for name, extra, command in (("eager", [], None), ("compiled", compiled, None), ("compiled_ddp", compiled, torchrun)):
         train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / name}", "--residual=rd", "--max_iters=4",
-              "--eval_interval=2", *extra, cwd=tmp_path)
+              "--eval_interval=2", "--gradient_accumulation_steps=2", *extra, cwd=tmp_path,
+              **({"command": command} if command else {}))
         runs[name] = losses(tmp_path / name), [e["val_loss"] for e in events(tmp_path / name, "eval")]
-    (eager_train, eager_val), (compiled_train, compiled_val) = runs["eager"], runs["compiled"]
-    assert eager_train.keys() == compiled_train.keys() and len(eager_val) == len(compiled_val) == 3
-    assert all(abs(eager_train[i] - compiled_train[i]) < 1e-4 for i in eager_train)
-    assert all(abs(a - b) < 1e-4 for a, b in zip(eager_val, compiled_val))
+    eager_train, eager_val = runs["eager"]
+    for name in ("compiled", "compiled_ddp"):
+        compiled_train, compiled_val = runs[name]
+        assert eager_train.keys() == compiled_train.keys() and len(eager_val) == len(compiled_val) == 3, name
+        assert all(abs(eager_train[i] - compiled_train[i]) < 1e-4 for i in eager_train), name
+        assert all(abs(a - b) < 1e-4 for a, b in zip(eager_val, compiled_val)), name
 
 
 def test_resume_is_exact(data, tmp_path):
