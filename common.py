@@ -418,14 +418,17 @@ def measured_matmul_flops(device, dtype):
     if device == "cpu":
         torch.set_num_threads(1)
     g = torch.Generator(device=device).manual_seed(0)  # its own generator: the global RNG stays untouched
-    a, b = (torch.randn(n, n, generator=g, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+    a, w = (torch.randn(n, n, generator=g, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+    # a @ w.T, the layout of every nn.Linear (x W^T): on a CPU float16 runs it 6x faster than a @ w (18.8
+    # against 2.9 GFLOP/s on one AVX-512 core; float32 and bfloat16 equal in both), and timing a @ w put
+    # float16 training above 100% MFU
     best = 0.0
     for _ in range(5):
-        a @ b
+        a @ w.T
         synchronize(device)
         reps, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < 0.04:
-            a @ b
+            a @ w.T
             synchronize(device)
             reps += 1
         best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
