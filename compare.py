@@ -19,7 +19,8 @@ Options:
                   into DIR: the runs this command trains and those an earlier one did, here or in another
                   grid sharing the out_dir (results.md links its pictures as files next to it, so its
                   links work in DIR too); a run whose published log has finished is taken from DIR,
-                  never trained again
+                  never trained again (one unfinished here with a checkpoint is an error: delete it to take
+                  the published run, or continue it without --publish)
   --report=True   write the results from the runs finished so far, train and evaluate nothing (with
                   --publish, publish them too)
   --eval_tasks=T,U  score every finished run with eval.py on these lm-evaluation-harness tasks (pip
@@ -864,11 +865,16 @@ def main(argv):
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
     plan = [(n, seed) for pt in points for seed in seeds for n in names if split_point(n)[0] == pt]
     if publish:  # a run finished elsewhere and published is taken as it is, never trained twice
-        for name, seed in plan:
-            local, published = runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}"
-            if not finished(read_log(local)) and finished(read_log(published)):
-                shutil.rmtree(local, ignore_errors=True)
-                shutil.copytree(published, local)
+        taken = [(runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}") for name, seed in plan]
+        taken = [(local, published) for local, published in taken
+                 if not finished(read_log(local)) and finished(read_log(published))]
+        for local, published in taken:  # all checked before any is taken: a checkpoint is never deleted
+            if (local / "ckpt.pt").exists():
+                raise ValueError(f"{local} holds an unfinished run's checkpoint, and {published} has the run finished: "
+                                 f"delete {local} to take the published run, or rerun without --publish to continue it")
+        for local, published in taken:
+            shutil.rmtree(local, ignore_errors=True)  # what a run leaves before its first checkpoint: a log, its arguments
+            shutil.copytree(published, local)
     todo = [(n, s) for n, s in plan if not finished(read_log(runs_dir / n / f"seed{s}"))]
     if options["report"] and len(todo) == len(plan):
         raise ValueError(f"no finished run in {runs_dir} to report: train the grid first (the same command "

@@ -315,6 +315,37 @@ def test_publish_brings_every_finished_run(tmp_path, capsys):
     assert compare.read_scores(scores.parent) == {"tiny_choice/acc": (0.4, True)}
 
 
+def test_publish_takes_a_finished_run_but_never_deletes_an_unfinished_local_checkpoint(tmp_path):
+    """--publish takes a run finished elsewhere in place of one unfinished here, unless the local one holds a
+    checkpoint: that is a one-line error, raised before anything is replaced, and the checkpoint is kept (here
+    the published run also finished with other settings, which used to be found only after the checkpoint was
+    gone). Without its checkpoint, the local run is replaced by the published one."""
+    local, publish = tmp_path / "compare" / "runs" / "standard" / "seed0", tmp_path / "published"
+    published = publish / "runs" / "standard" / "seed0"
+    write_log(local, [3.0], done=False)
+    (local / "ckpt.pt").write_bytes(b"hours of training")
+    args = compare.train_args(None, local, 0, "standard", [f"--wandb_group={tmp_path.name}", "--max_iters=50000"])
+    (local / "train_args.json").write_text(json.dumps(args))
+    (local / "code.sha256").write_text(compare.code_digest(None) + "\n")
+    write_log(published, [3.0, 2.0])
+    (published / "train_args.json").write_text(json.dumps(compare.train_args(None, published, 0, "standard",
+                                                                             ["--max_iters=40000"])))
+    argv = [f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1", f"--publish={publish}", "--max_iters=50000",
+            "--report=True"]
+    log = (local / "log.jsonl").read_text()
+    with pytest.raises(ValueError, match="holds an unfinished run's checkpoint") as error:
+        compare.main(argv)
+    assert "\n" not in str(error.value) and f"delete {local}" in str(error.value)
+    assert (local / "ckpt.pt").read_bytes() == b"hours of training" and (local / "log.jsonl").read_text() == log
+
+    (local / "ckpt.pt").unlink()  # the user's choice: take the published run
+    with pytest.raises(ValueError, match="finished with other train.py arguments"):  # now the published run's settings
+        compare.main(argv)
+    assert compare.finished(compare.read_log(local))
+    compare.main(argv[:-2] + ["--max_iters=40000", "--report=True"])  # the grid the published run belongs to
+    assert (tmp_path / "compare" / "results.md").exists()
+
+
 def test_papers_comparisons_on_a_synthetic_sweep(tmp_path):
     """rd and delta are paired with attnres at the same res_blocks and value, rd_fixedv with rd and attnres;
     the sweep table and pictures come from those pairs; each run's settings record its value; commits."""
