@@ -6,6 +6,7 @@ for every mode), resuming a grid, and a tiny end-to-end grid through train.py.
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +145,23 @@ def test_command_line_is_read_as_train_py_reads_its_own(capsys):
     assert set(compare.TRAIN_DEFAULTS) >= {"n_layer", "max_iters", "out_dir", "residual", "fixed_value_route"}
     help_keys = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True).stdout
     assert [line.split("=")[0].strip() for line in help_keys.splitlines() if line.startswith("  ")] == list(compare.TRAIN_DEFAULTS)
+
+def test_grid_options_that_would_mix_or_lose_runs_are_refused(capsys):
+    """What would make every seed the same run, drop a config file, or train nothing is refused before
+    anything runs: --seed (the runs use seeds 0..N-1), a second config file, --seeds or --jobs below 1,
+    a sweep without values or of seed or out_dir."""
+    config = str(ROOT / "config" / "train_shakespeare_char.py")
+    refused = {"--seed: use --seeds=N": ["--seed=3"],
+               "one config file only": [config, str(ROOT / "config" / "train_gpt2_fineweb.py")],
+               "--seeds=0: use a positive integer": ["--seeds=0"],
+               "--jobs=0: use a positive integer": ["--jobs=0"],
+               "--sweep=n_layer=: use --sweep=key=value": ["--sweep=n_layer="],
+               "--sweep: seed cannot be swept": ["--sweep=seed=1,2"],
+               "--sweep: out_dir cannot be swept": ["--sweep=out_dir=a,b"]}
+    for message, argv in refused.items():
+        with pytest.raises(ValueError, match=f"^{message}"):
+            compare.parse_args(argv)
+    assert compare.parse_args([config, "--seeds=1", "--jobs=1"])[:2] == (config, dict(compare.OPTIONS, seeds=1))
 
 
 # -----------------------------------------------------------------------------
@@ -443,6 +461,65 @@ def test_task_scores_are_paired_like_val_loss(tmp_path):
     assert "| run | vs | tiny_choice/acc ↑ | Δ (wins) | tiny_rolling/word_perplexity ↓ | Δ (wins) |" in md
     assert "| rd/res_blocks=0 | standard | 0.2900 ± 0.0200 | +0.0133 ± 0.0208 (2/3) | 44.3333 ± 3.5119 | -0.6667 ± 1.5275 (2/3) |" in md
 
+def test_a_tied_score_is_no_win_and_a_seed_without_a_metric_is_left_out():
+    """Downstream wins count seeds where the run scores better, a tie being none (as for val loss); a
+    seed scored on fewer tasks (before the task list grew, reported with --report=True) is left out of
+    that metric's mean and pairing, not an error."""
+    acc = {"standard": [0.5, 0.5, 0.8], "rd/res_blocks=0": [0.5, 0.6, 0.7]}
+    records = {name: {seed: {"scores": {"tiny_choice/acc": (acc[name][seed], True),
+                                        **({"tiny_rolling/word_perplexity": (40.0 + seed + (name == "standard"), False)}
+                                           if seed < 2 else {})}}
+                      for seed in range(3)} for name in acc}
+    scores = compare.aggregate_scores(records, "rd/res_blocks=0", ["standard"])
+    p = scores["tiny_choice/acc"]["paired"]["standard"]
+    assert p["diff"] == pytest.approx([0.0, 0.1, -0.1]) and p["wins"] == 1
+    ppl = scores["tiny_rolling/word_perplexity"]
+    assert ppl["value"] == {0: 40.0, 1: 41.0} and ppl["mean"] == 40.5 and ppl["std"] == pytest.approx(math.sqrt(0.5))
+    assert ppl["paired"]["standard"]["seeds"] == [0, 1] and ppl["paired"]["standard"]["wins"] == 2
+
+
+def test_routing_is_the_final_evals_averaged_over_seeds():
+    """A run's routing is its last eval's (not an earlier one's), and every route's max weight, like its
+    depth weights, is the mean over seeds (the max-weight-by-depth picture draws it)."""
+    early, final, other = routing_of("delta", seed=0), routing_of("delta", seed=1), routing_of("delta", seed=2)
+    events = [{"event": "start", "iter": 0, "config": {}},
+              {"event": "eval", "iter": 0, "val_loss": 3.0, "routing": early},
+              {"event": "eval", "iter": 10, "val_loss": 2.0, "routing": final},
+              {"event": "done", "iter": 10, "val_loss": 2.0, "elapsed_s": 5.0}]
+    assert compare.run_record(events)["routing"] == final
+    mean = compare.mean_routing([final, other])
+    assert set(mean["max_weight"]) == {route for route in final if "max_weight" in final[route]} == {"L0.mlp", "L1.attn", "L1.mlp"}
+    for route in mean["max_weight"]:  # (L0.attn has one source, the embedding: no max weight)
+        assert mean["max_weight"][route] == pytest.approx((final[route]["max_weight"] + other[route]["max_weight"]) / 2)
+    for route in final:
+        assert mean["weights"][route] == pytest.approx(np.mean([final[route]["weights"], other[route]["weights"]], axis=0))
+    assert final["L1.mlp"]["max_weight"] != pytest.approx(other["L1.mlp"]["max_weight"])  # (the seeds differ)
+
+
+def test_a_run_missing_seeds_says_so_and_its_time_is_the_mean(tmp_path):
+    """results.md marks a mean over fewer seeds than the grid has ("1 of 3 seeds"), so that it is not read
+    as the grid's; s/run is the mean of the runs' times."""
+    runs = tmp_path / "runs"
+    for seed, (val, seconds) in enumerate([(2.0, 10.0), (2.1, 20.0), (2.2, 60.0)]):
+        write_log(runs / "standard" / f"seed{seed}", [3.0, val], elapsed_s=seconds)
+    write_log(runs / "delta/res_blocks=0" / "seed0", [3.0, 1.9], elapsed_s=12.0)
+    write_log(runs / "delta/res_blocks=0" / "seed1", [3.0], done=False)
+    names = ["standard", "delta/res_blocks=0"]
+    r = compare.aggregate(compare.load_records(runs, names, range(3)), names)
+    assert r["standard"]["elapsed_s_mean"] == 30.0
+    assert compare.table(dict(runs=r, seeds=[0, 1, 2])).splitlines()[2:] == [
+        "| standard |  | 2.1000 ± 0.1000 |  |  |  | 30 |",
+        "| delta/res_blocks=0 | standard | 1.9000 (1 of 3 seeds) | -0.1000 | -9.52% | 1/1 | 12 |"]
+
+
+def test_runs_trained_here_that_logs_place_on_two_machines_are_not_relabelled():
+    """Even when this command trained every run, logs that name two machines (a run begun elsewhere and
+    continued here keeps its first machine) are reported as two, not as this machine."""
+    runs = {"standard": {"machines": ["CPU A"]}, "rd/res_blocks=0": {"machines": ["CPU A", "CPU B"]}}
+    assert compare.trained_on(runs, True, "CPU B (2 cores)") == "2 machines: CPU A; CPU B"
+    assert compare.trained_on({"standard": {"machines": ["CPU B"]}}, True, "CPU B (2 cores)") == "CPU B (2 cores)"
+    assert compare.trained_on({"standard": {"machines": ["CPU A"]}}, False, "CPU B (2 cores)") == "CPU A"
+
 
 # -----------------------------------------------------------------------------
 # the paired protocol: same seed, same backbone, same batches
@@ -612,6 +689,111 @@ def test_a_finished_run_is_checked_against_every_setting_the_grid_gives(tmp_path
     with pytest.raises(ValueError, match=r"^\S+ finished with other train.py arguments \(eval_iters=5 \(now 20\)\): use"):
         compare.main([*grid, "--max_iters=10"])
 
+def test_a_checkpoint_without_its_arguments_or_code_record_is_kept_not_started_over(tmp_path, monkeypatch):
+    """A checkpoint whose train_args.json or code.sha256 is missing cannot be checked, so it is an error that
+    names the file, never "no checkpoint to continue": the grid would start the run over and delete it."""
+    run_dir, code = tmp_path / "run", compare.code_digest(None)
+    args = compare.train_args(None, run_dir, 0, "standard", [])
+    run_dir.mkdir()
+    (run_dir / "ckpt.pt").write_bytes(b"work")
+    (run_dir / "code.sha256").write_text(code + "\n")
+    with pytest.raises(ValueError, match=rf"^cannot read {run_dir / 'train_args.json'} \(No such file or directory\), so "
+                                         "what the run trains is unknown: to train it anew, delete or move"):
+        compare.resumable(run_dir, args, code)
+    (run_dir / "train_args.json").write_text(json.dumps(args))
+    (run_dir / "code.sha256").unlink()
+    with pytest.raises(ValueError, match=rf"{run_dir / 'code.sha256'} is missing: the code it began with is unknown"):
+        compare.resumable(run_dir, args, code)
+
+    stopped = tmp_path / "compare" / "runs" / "standard" / "seed0"  # the same through the grid: nothing trains
+    shutil.copytree(run_dir, stopped)
+    monkeypatch.setattr(compare, "launch", lambda *a, **k: pytest.fail("a run was launched"))
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: 1.0)
+    with pytest.raises(ValueError, match="code.sha256 is missing"):
+        compare.main([f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1"])
+    assert (stopped / "ckpt.pt").read_bytes() == b"work"
+
+
+def test_runs_begun_with_a_key_or_value_train_py_no_longer_takes_differ_from_the_grid():
+    """train_args.json may hold a key train.py has since dropped, or a value it now refuses: kept as written,
+    it differs from what the grid gives now (so such a checkpoint is not continued as if it were the same run)."""
+    assert compare.differing_args(["--seed=0", "--old_key=1"], ["--seed=0"]) == ["old_key='1' (now unset)"]
+    assert compare.differing_args(["--seed=0"], ["--seed=0", "--old_key=1"]) == ["old_key=unset (now '1')"]
+    assert compare.differing_args(["--max_iters=forty"], []) == ["max_iters='forty' (now 2000)"]
+    assert compare.differing_args(["--max_iters=40", "--seed=0"], ["--seed=0", "--max_iters=40"]) == []
+
+
+def test_a_finished_run_is_not_refused_for_the_dtype_it_resolved(tmp_path):
+    """dtype=auto is recorded resolved (float32 on a CPU): a finished run is not refused for it, while an
+    explicit other dtype is a change."""
+    run_dir = tmp_path / "standard" / "seed0"
+    write_log(run_dir, [3.0, 2.0], config=dict(compare.TRAIN_DEFAULTS, device="cpu", dtype="float32", vocab_size=64,
+                                               seed=0, residual="standard"))
+    assert compare.changed_setting(None, run_dir, 0, "standard", ["--dtype=auto", "--device=auto"]) is None
+    assert compare.changed_setting(None, run_dir, 0, "standard", ["--dtype=bfloat16"]) == (
+        "dtype", "float32", "bfloat16", "the command line")
+
+
+class FakeTrain:
+    """compare.launch's stand-in: train.py that finishes (or fails, for the seeds in `fail`) after `polls`
+    polls, appending a `done` line to the run's log; `launched` lists the (run, seed) it started."""
+    def __init__(self, fail=(), polls=1):
+        self.fail, self.polls, self.launched = set(fail), polls, []
+
+    def __call__(self, cmd, run_dir, env, append=False):
+        seed = int(run_dir.name.removeprefix("seed"))
+        self.launched.append((run_dir.parent.name, seed))
+        left = [self.polls]
+
+        def poll():
+            left[0] -= 1
+            if left[0] > 0:
+                return None
+            if seed in self.fail:
+                (run_dir / "train.log").write_text("error: the loss is nan\n")
+                proc.returncode = 1
+            else:
+                with open(run_dir / "log.jsonl", "a") as log:
+                    log.write(json.dumps({"event": "done", "iter": 10, "val_loss": 2.0, "elapsed_s": 1.0}) + "\n")
+                proc.returncode = 0
+            return proc.returncode
+        proc = SimpleNamespace(poll=poll, returncode=None, send_signal=lambda sig: None, wait=lambda: None)
+        return proc
+
+
+def test_a_checkpoint_the_grid_cannot_continue_stops_it_before_any_run(tmp_path, monkeypatch):
+    """Every unfinished run's checkpoint is checked before the first run starts: one begun with other
+    settings stops the grid before it trains anything, not after the runs queued before it."""
+    runs = tmp_path / "compare" / "runs"
+    stopped = runs / "standard" / "seed1"
+    write_log(stopped, [3.0], done=False)
+    (stopped / "ckpt.pt").write_bytes(b"work")
+    (stopped / "train_args.json").write_text(json.dumps(compare.train_args(None, stopped, 1, "standard", ["--max_iters=7"])))
+    (stopped / "code.sha256").write_text(compare.code_digest(None) + "\n")
+    train_py = FakeTrain()
+    monkeypatch.setattr(compare, "launch", train_py)
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: 1.0)
+    with pytest.raises(ValueError, match=rf"^{stopped} holds a checkpoint of a run begun with other train.py settings: "
+                                         r"max_iters=7 \(now 2000\)"):
+        compare.main([f"--out_dir={tmp_path}", "--runs=standard", "--seeds=2"])
+    assert train_py.launched == [] and (stopped / "ckpt.pt").read_bytes() == b"work"
+
+
+def test_after_a_failed_run_the_running_ones_finish_and_no_queued_run_starts(tmp_path, monkeypatch, capsys):
+    """--jobs=2: when one run fails, the one running beside it finishes, the queued ones never start (a
+    slot freed after the failure takes no new run), and the grid ends with the failure."""
+    train_py = FakeTrain(fail={0}, polls=1)
+    slow = FakeTrain(polls=4)  # seed 1: still running when seed 0 fails
+    monkeypatch.setattr(compare, "launch", lambda cmd, run_dir, env, append=False:
+                        (slow if run_dir.name == "seed1" else train_py)(cmd, run_dir, env, append))
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: 1.0)
+    with pytest.raises(RuntimeError, match=r"^train.py failed \(exit code 1\); the end of .*seed0/train.log:\n  error: the loss is nan"):
+        compare.main([f"--out_dir={tmp_path}", "--runs=standard", "--seeds=3", "--jobs=2"])
+    assert train_py.launched + slow.launched == [("standard", 0), ("standard", 1)]
+    runs = tmp_path / "compare" / "runs" / "standard"
+    assert compare.finished(compare.read_log(runs / "seed1")) and not (runs / "seed2").exists()
+    assert "[1/3] standard seed1" in capsys.readouterr().out
+
 
 def test_an_output_folder_that_cannot_be_written_stops_the_grid_at_once(tmp_path, monkeypatch):
     """--out_dir or --publish where no folder can be made (here under a file, which stops root too) is a
@@ -668,6 +850,33 @@ def test_eval_tasks_score_every_finished_run(tmp_path, capsys, monkeypatch):
     logs = {p: p.stat().st_mtime_ns for p in runs.rglob("eval.log")}
     compare.main(argv)
     assert "scoring" not in capsys.readouterr().out and {p: p.stat().st_mtime_ns for p in logs} == logs
+
+def test_a_run_is_scored_again_only_for_other_tasks_or_another_limit(tmp_path):
+    """eval.py's scores are kept when they are for the same tasks and limit (--eval_limit=0: all examples,
+    recorded as no limit); other tasks or another limit score the run again (here: no checkpoint to score)."""
+    runs = tmp_path / "runs"
+    write_log(runs / "standard" / "seed0", [3.0, 2.0])
+    write_scores(runs / "standard" / "seed0", {"tiny_choice/acc": 0.3}, tasks=("tiny_choice",), limit=None)
+    assert compare.evaluated(runs / "standard" / "seed0", ["tiny_choice"], None)
+    assert not compare.evaluated(runs / "standard" / "seed0", ["tiny_choice"], 3)
+    assert not compare.evaluated(runs / "standard" / "seed0", ["tiny_choice", "tiny_rolling"], None)
+    options = dict(compare.OPTIONS, eval_tasks="tiny_choice", eval_limit=0)
+    compare.evaluate_runs([("standard", 0)], runs, options, {}, None)  # scored: nothing to run
+    for other in (dict(eval_limit=3), dict(eval_tasks="tiny_choice,tiny_rolling")):
+        with pytest.raises(RuntimeError, match="has no ckpt.pt to score"):
+            compare.evaluate_runs([("standard", 0)], runs, dict(options, **other), {}, None)
+
+
+def test_report_publishes_only_the_finished_runs(tmp_path, capsys):
+    """--report=True --publish on a grid still training publishes the runs finished so far, not the
+    unfinished ones (a published log is whole: its `done` line means finished)."""
+    runs, published = tmp_path / "compare" / "runs", tmp_path / "published"
+    write_log(runs / "standard" / "seed0", [3.0, 2.0])
+    write_log(runs / "standard" / "seed1", [3.0], done=False)
+    compare.main([f"--out_dir={tmp_path}", "--runs=standard", "--seeds=3", f"--publish={published}", "--report=True"])
+    assert "1 done, 2 to train" in capsys.readouterr().out
+    assert sorted(p.name for p in (published / "runs" / "standard").iterdir()) == ["seed0"]
+    assert compare.finished(compare.read_log(published / "runs" / "standard" / "seed0"))
 
 
 # -----------------------------------------------------------------------------

@@ -651,6 +651,33 @@ def test_configurator_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
 
+def test_configurator_refuses_a_bool_for_a_number_and_a_value_that_does_not_parse(capsys):
+    """True is no number (Python's bool is an int): --batch_size=True or --learning_rate=True is refused,
+    not trained as 1; a value that is no Python literal, an empty or unbalanced one included, is the same
+    one-line error, not a traceback."""
+    defaults = dict(batch_size=12, learning_rate=1e-3, compile=False, dataset="pydocs")
+    cases = {
+        "--batch_size=True": "batch_size=True should be an integer, like its default 12",
+        "--learning_rate=True": "learning_rate=True should be a number, like its default 0.001",
+        "--batch_size=": "cannot read --batch_size=: give a Python literal like its default 12",
+        "--learning_rate=1e-3)": "cannot read --learning_rate=1e-3): give a Python literal",
+    }
+    for arg, message in cases.items():
+        with pytest.raises(SystemExit) as exit_:
+            configurator.configure(defaults, [arg], "train.py")
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {message}"), (arg, err)
+
+
+def test_configurator_reads_strings_as_typed_and_skips_a_config_files_functions(tmp_path):
+    """A string setting takes the text as it is, even one that reads as a number (--wandb_group=2024); a
+    config file's functions and modules are its own, not settings."""
+    defaults = dict(batch_size=12, dataset="pydocs", wandb_group="")
+    config_file = tmp_path / "my_config.py"
+    config_file.write_text("import math\ndef half(n):\n    return n // 2\nbatch_size = half(8)\n")
+    config, explicit = configurator.configure(defaults, [str(config_file), "--wandb_group=2024", "--dataset=7"], "train.py")
+    assert config == dict(batch_size=4, dataset="7", wandb_group="2024") and explicit == {"batch_size", "dataset", "wandb_group"}
+
 
 def test_progress_line_shows_elapsed_time_and_eta(data, tmp_path):
     result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=3", "--eval_interval=3", cwd=tmp_path)
