@@ -651,6 +651,7 @@ def test_configurator_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
 
+
 def test_configurator_refuses_a_bool_for_a_number_and_a_value_that_does_not_parse(capsys):
     """True is no number (Python's bool is an int): --batch_size=True or --learning_rate=True is refused,
     not trained as 1; a value that is no Python literal, an empty or unbalanced one included, is the same
