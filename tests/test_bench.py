@@ -47,8 +47,11 @@ def test_ratios_are_tokens_per_s_against_the_named_reference(report):
     for (name, phase), r in rows.items():
         ref = rows[(r["reference"], phase)]
         assert r["ratio"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"], rel=1e-9)
-    assert rows[("folded/rank=8", "train")]["reference"] == "lowrank/rank=8"
-    assert rows[("dlr/rank=8", "train")]["reference"] == "dense"
+    # routed rows against standard, low-rank rows against dense (standard's twin), folded against lowrank
+    assert {name: r["reference"] for (name, phase), r in rows.items()} == {
+        **{name: "standard" for name in ("standard", "attnres/res_blocks=0", "attnres/res_blocks=4", "delta/res_blocks=0",
+                                         "delta/res_blocks=4", "rd/res_blocks=0", "rd/res_blocks=4")},
+        "dense": "dense", "lowrank/rank=8": "dense", "dlr/rank=8": "dense", "folded/rank=8": "lowrank/rank=8"}
     assert rows[("standard", "train")]["ratio"] == 1.0
 
 
@@ -154,6 +157,148 @@ def test_saved_tensors_leave_out_the_parameters():
     assert saved.nbytes == x.numel() * x.element_size()
 
 
+def test_a_storage_saved_twice_is_counted_once():
+    """Two linears that read one input both save it for their backward: one storage, one count."""
+    import bench
+    a, b, x = torch.nn.Linear(64, 32), torch.nn.Linear(64, 16), torch.randn(10, 64)
+    with bench.SavedTensorBytes([*a.parameters(), *b.parameters()]) as saved:
+        a(x), b(x)
+    assert saved.nbytes == x.numel() * x.element_size()
+
+
+def tiny_row(name, monkeypatch):
+    """A bench row on TINY's config, as run() makes it."""
+    import bench
+    from common import autocast
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY])
+    args = bench.parse_args()
+    return bench.Row(name, bench.ROWS.get(name, "dense"), bench.row_settings(name), args, autocast(args.device, args.dtype))
+
+
+def test_cpu_training_memory_is_the_state_plus_what_the_step_saves(monkeypatch):
+    """On the CPU a row's training memory is 4 copies of its parameters (with the gradients and AdamW's two
+    moments), its buffers (DLR's R and scales), and the tensors autograd saves for the backward, in MiB."""
+    import bench
+    row = tiny_row("dlr/rank=8", monkeypatch)
+    seen = []
+
+    class Recording(bench.SavedTensorBytes):
+        def __enter__(self):
+            seen.append(self)
+            return super().__enter__()
+    monkeypatch.setattr(bench, "SavedTensorBytes", Recording)
+    row.measure_memory()
+    params = sum(p.numel() * p.element_size() for p in row.model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in row.model.buffers())
+    assert buffers > 0 and seen[0].nbytes > 0
+    assert row.peak_mem * 2 ** 20 == pytest.approx(4 * params + buffers + seen[0].nbytes)
+
+
+def test_decoding_is_timed_after_a_prompt_of_prompt_tokens(monkeypatch):
+    """Each row decodes after the first PROMPT_TOKENS tokens of its batch, as the module says."""
+    import bench
+    row = tiny_row("standard", monkeypatch)
+    assert bench.PROMPT_TOKENS == 16 and torch.equal(row.prompt, row.x[:, :16])
+
+
+def test_a_round_times_seconds_per_step_and_per_decoded_token(monkeypatch):
+    """time_train runs `steps` steps and returns seconds per step; time_decode times n_tokens one-token
+    steps after the prompt's prefill (not timed) and returns seconds per token. A fake clock that each
+    step moves on gives the exact figures."""
+    import types
+    from contextlib import nullcontext
+    import bench
+    clock, calls = [0.0], []
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def takes(seconds, result=None):
+        def step(*args):
+            clock[0] += seconds
+            calls.append(seconds)
+            return result
+        return step
+    cpu = types.SimpleNamespace(device="cpu")
+    assert bench.Row.time_train(types.SimpleNamespace(args=cpu, train_step=takes(0.25)), 4) == 0.25
+    assert calls == [0.25] * 4
+    logits = torch.zeros(2, 1, 8)
+
+    class Model:
+        def eval(self): pass
+        def train(self): pass
+        def make_cache(self): return "cache"
+        def __call__(self, tokens, cache):  # the prefill
+            assert tokens.shape == (2, 16) and cache == "cache"
+            clock[0] += 10.0
+            return logits, None
+    calls.clear()
+    row = types.SimpleNamespace(args=cpu, ctx=nullcontext(), model=Model(), prompt=torch.zeros(2, 16, dtype=torch.long),
+                                decode_step=takes(0.125, logits))
+    assert bench.Row.time_decode(row, 5) == 0.125 and calls == [0.125] * 5
+
+
+def test_ratio_mfu_and_memory_ratio_come_from_each_rows_fastest_round(tmp_path, monkeypatch):
+    """Faked timers, FLOPs and memory: every round counts (a row's fastest may be the last), each runs
+    --train_steps steps and --decode_tokens tokens, the ratio is the reference's fastest time over the
+    row's, MFU is the training FLOPs per token (a third of them decoding: the forward only) times
+    tokens/s over --peak_tflops, the memory ratio (training rows only) is over the reference's, and
+    compile_s is null without --compile."""
+    import bench
+    times = {("standard", "train"): [0.5, 0.4], ("attnres/res_blocks=0", "train"): [0.6, 0.45],
+             ("standard", "decode"): [0.012, 0.010], ("attnres/res_blocks=0", "decode"): [0.011, 0.008]}
+    rounds, calls = {key: iter(t) for key, t in times.items()}, []
+
+    def time_train(self, steps):
+        calls.append(("train", steps))
+        return next(rounds[self.name, "train"])
+
+    def time_decode(self, n):
+        calls.append(("decode", n))
+        return 0.001 if n == bench.WARMUP_DECODE_TOKENS else next(rounds[self.name, "decode"])
+    monkeypatch.setattr(bench.Row, "time_train", time_train)
+    monkeypatch.setattr(bench.Row, "time_decode", time_decode)
+    memory = {"standard": 10.0, "attnres/res_blocks=0": 12.5}
+    monkeypatch.setattr(bench.Row, "measure_memory", lambda self: setattr(self, "peak_mem", memory[self.name]))
+    monkeypatch.setattr(bench.GPT, "flops_per_token", lambda self: 6e6)
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, "--rounds=2", "--train_steps=2", "--decode_tokens=5",
+                                      "--peak_tflops=0.001", "--rows=standard,attnres/res_blocks=0", f"--json={out}"])
+    bench.main()
+    assert sorted(calls) == [("decode", 3)] * 2 + [("decode", 5)] * 4 + [("train", 2)] * 4
+    data = json.loads(out.read_text())
+    assert data["matmul_peak_flops"] == 1e9
+    rows = {(r["name"], r["phase"]): r for r in data["rows"]}
+    batch, tokens = 2, 2 * 32  # TINY's batch and block size
+    expected = {("standard", "train"): dict(tokens_per_s=tokens / 0.4, ratio=1.0, mem_ratio=1.0),
+                ("attnres/res_blocks=0", "train"): dict(tokens_per_s=tokens / 0.45, ratio=0.4 / 0.45, mem_ratio=1.25),
+                ("standard", "decode"): dict(tokens_per_s=batch / 0.010, ratio=1.0),
+                ("attnres/res_blocks=0", "decode"): dict(tokens_per_s=batch / 0.008, ratio=0.010 / 0.008)}
+    for (name, phase), e in expected.items():
+        r = rows[name, phase]
+        assert {k: r[k] for k in e} == pytest.approx(e) and ("mem_ratio" in r) == (phase == "train")
+        assert r["mfu"] == pytest.approx((6e6 if phase == "train" else 2e6) * e["tokens_per_s"] / 1e9)
+        assert r["peak_mem_mb"] == memory[name] and r["compile_s"] is None
+
+
+def test_plot_keeps_eager_compiled_and_sublayer_runs_apart(tmp_path):
+    """--plot draws a panel per setting: eager, compiled and compiled-sublayers runs of one dtype at one width
+    are three settings, not one width given three times (a file from before compile_sublayers: compiled)."""
+    import bench
+
+    def run(name, width, compiled, ratio, **sublayers):
+        rows = [{"name": "attnres/res_blocks=0", "phase": phase, "ratio": ratio} for phase in ("train", "decode")]
+        (tmp_path / name).write_text(json.dumps({"compile": compiled, **sublayers, "dtype": "bfloat16",
+                                                 "config": {"n_embd": width}, "rows": rows}))
+        return str(tmp_path / name)
+    files = [run("eager.json", 256, False, 0.8, compile_sublayers=False), run("compiled.json", 256, True, 0.9),
+             run("sublayers.json", 256, True, 0.95, compile_sublayers=True),
+             run("eager_wide.json", 512, False, 0.85, compile_sublayers=False)]
+    series = bench.plot_width(files, str(tmp_path / "ratios.png"))
+    lines = {"eager bfloat16": [(256, 0.8), (512, 0.85)], "compiled bfloat16": [(256, 0.9)],
+             "compiled sublayers bfloat16": [(256, 0.95)]}
+    assert series == {(setting, phase, "attnres/res_blocks=0"): points for setting, points in lines.items()
+                      for phase in ("train", "decode")}
+
+
 def test_a_size_no_row_can_take_is_a_one_line_error():
     # 3 layers = 6 sublayers: the attnres/res_blocks=4 row cannot split them into 4 blocks
     result = run_bench("--n_layer=3", "--rows=attnres/res_blocks=4")
@@ -169,6 +314,8 @@ def test_decoding_past_the_context_is_a_one_line_error():
     assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
     assert "decoding the warm-up's 3 tokens after a 16-token prompt needs block_size >= 19: raise --block_size\n" \
         in result.stderr
+    result = run_bench("--block_size=32", "--decode_tokens=16", "--rows=standard")  # 16 + 16 fill the context exactly
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("option", ["--rounds=0", "--train_steps=0", "--decode_tokens=0", "--decode_tokens=-1",

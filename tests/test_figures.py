@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +81,13 @@ def test_each_block_setting_gets_its_own_uniform_line(tmp_path, monkeypatch):
     figures.plot_max_weight(summaries, tmp_path / "max_weight.png")
     grey = {line.get_label(): list(line.get_ydata()) for line in drawn[0].axes[0].lines if line.get_color() == "grey"}
     assert grey == {f"uniform 1/m ({g})": [1 / m for m in c] for g, c in counts.items()}
+    # each run's point at a route's tick is that route's max weight (the first route, one source, has none)
+    ticks = [t.get_text() for t in drawn[0].axes[0].get_xticklabels()]
+    for line in drawn[0].axes[0].lines:
+        if line.get_label() in summaries:
+            max_weight = summaries[line.get_label()]["max_weight"]
+            assert {ticks[x]: y for x, y in zip(line.get_xdata(), line.get_ydata())} == {
+                r: w for r, w in max_weight.items() if r in figures.sublayer_routes(max_weight)}
 
     points = ["n_layer=4", "n_layer=8"]  # the same routing at both values: what matters is one line per setting
     runs = {f"{pt}/{name}": dict(routing=dict(summary, deep_max_weight=0.5)) for pt in points
@@ -89,6 +97,8 @@ def test_each_block_setting_gets_its_own_uniform_line(tmp_path, monkeypatch):
     deepest = summaries["attnres/res_blocks=0"]["deepest"]
     assert grey == {f"uniform 1/m ({g})": [1 / len(summaries[n]["weights"][deepest])] * 2
                     for n, g in zip(settings, counts)}
+    kinds = {line.get_label(): list(line.get_ydata()) for line in drawn[1].axes[0].lines if line.get_color() != "grey"}
+    assert kinds == {name: [0.5, 0.5] for name in settings}  # each kind's deepest route's max weight at both values
     for fig in drawn:
         figures.plt.close(fig)
 
@@ -232,3 +242,110 @@ def test_an_out_path_that_cannot_be_written_is_one_line(grids, tmp_path):
     (tmp_path / "taken.png").mkdir()
     with pytest.raises(ValueError, match=rf"^cannot write {tmp_path / 'taken.png'} \(it is a folder\)"):
         figures.main(["depth", str(depth), str(width), f"--out={tmp_path / 'taken.png'}"])
+
+
+def test_val_loss_panels_show_seed_means_and_the_paired_difference(tmp_path, monkeypatch):
+    """Left: each run's val loss, the mean over all its seeds. Right: run − reference, averaged over the
+    seeds both have (a seed the reference lacks is no pair), one line per run other than the reference."""
+    curves = {"standard": [[4.0, 2.0, 1.8], [4.1, 2.1, 1.9], [4.2, 2.6, 2.0]],
+              "rd/res_blocks=0": [[4.0, 1.9, 1.7], [4.1, 2.0, 1.85], [4.2, 2.3, 1.9], [4.3, 1.0, 1.0]]}  # seed 3: no pair
+    records = {name: {seed: dict(curve=list(zip((0, 100, 200), c))) for seed, c in enumerate(cs)}
+               for name, cs in curves.items()}
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+    assert figures.plot_val_loss(records, list(curves), tmp_path / "val_loss.png")
+    ax, dax = drawn[0].axes
+    assert {line.get_label(): list(line.get_ydata()) for line in ax.lines} == {
+        "standard (3 seeds)": pytest.approx([4.1, 6.7 / 3, 1.9]),
+        "rd/res_blocks=0 (4 seeds)": pytest.approx([4.15, 1.8, 1.6125])}
+    *diffs, zero = dax.lines  # the reference's own zero line comes last
+    assert len(diffs) == 1 and list(zero.get_ydata()) == [0, 0]
+    assert list(diffs[0].get_xdata()) == [0, 100, 200]
+    assert list(diffs[0].get_ydata()) == pytest.approx([0.0, -0.5 / 3, -0.25 / 3])
+    figures.plt.close(drawn[0])
+
+
+def test_routing_heatmap_puts_each_weight_at_its_route_and_source(tmp_path, monkeypatch):
+    """A cell (route, source) shows that route's mean weight on that source: routes in depth order with each
+    rd value route under its attention route and 'out' last, sources from the embedding on, a source the
+    route does not have left empty; sources are sublayers, or blocks numbered from 1 for block routing."""
+    weights = {"L0.attn": [1.0], "L0.mlp": [0.4, 0.6], "L1.attn": [0.2, 0.3, 0.5], "L1.mlp": [0.1, 0.2, 0.3, 0.4],
+               "L0.attn.v": [1.0], "L1.attn.v": [0.5, 0.25, 0.25], "out": [0.1, 0.1, 0.2, 0.2, 0.4]}
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+    figures.plot_routing("rd/res_blocks=0", dict(weights=weights), tmp_path / "routing.png")
+    ax = drawn[0].axes[0]
+    rows = ["L0.attn", "L0.attn.v", "L0.mlp", "L1.attn", "L1.attn.v", "L1.mlp", "out"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == rows
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", "L0.attn", "L0.mlp", "L1.attn", "L1.mlp"]
+    grid = ax.images[0].get_array().filled(float("nan"))
+    expected = [weights[r] + [float("nan")] * (5 - len(weights[r])) for r in rows]
+    np.testing.assert_array_equal(grid, expected)  # NaN where the route has no such source
+
+    blocks = {"L0.attn": [1.0], "L0.mlp": [0.4, 0.6], "L1.attn": [0.3, 0.7], "L1.mlp": [0.2, 0.3, 0.5],
+              "L0.attn.v": [1.0], "L1.attn.v": [0.5, 0.5], "out": [0.2, 0.3, 0.5]}
+    figures.plot_routing("n_layer=2/rd/res_blocks=2", dict(weights=blocks), tmp_path / "routing_blocks.png")
+    assert [t.get_text() for t in drawn[1].axes[0].get_xticklabels()] == ["emb", "block 1", "block 2"]
+    for fig in drawn:
+        figures.plt.close(fig)
+
+
+def test_sweep_points_sit_at_their_value_with_the_paired_mean_and_std(tmp_path, monkeypatch):
+    """Each point of the sweep's Δ figure is at its own swept value (a kind missing at a value leaves it
+    out, not shifts the rest), at the paired Δ mean in nats with the paired std as its bar; a run with no
+    seed in common with the reference has no comparison to draw."""
+    finals = {"n_layer=2/standard": {0: 2.0, 1: 2.1, 2: 2.2}, "n_layer=4/standard": {0: 1.9, 1: 2.0, 2: 2.1},
+              "n_layer=2/rd/res_blocks=0": {5: 1.0},  # no seed of its reference's: n=0
+              "n_layer=4/rd/res_blocks=0": {0: 1.85, 1: 1.99, 2: 2.04}}
+    records = {name: {seed: dict(val_loss=v, elapsed_s=None, commit=None, curve=[], routing=None, scores={})
+                      for seed, v in by_seed.items()} for name, by_seed in finals.items()}
+    results = dict(points=["n_layer=2", "n_layer=4"], runs=compare.aggregate(records, list(finals)))
+    assert set(figures.comparisons(results)) == {("rd/res_blocks=0", "standard")}
+    assert list(figures.comparisons(results)[("rd/res_blocks=0", "standard")]) == ["n_layer=4"]
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+    figures.plot_sweep(results, tmp_path / "sweep_val_loss.png")
+    (bars,) = drawn[0].axes[0].containers
+    diffs = [-0.05, -0.01, -0.06]
+    assert list(bars.lines[0].get_xdata()) == [1.0]  # n_layer=4's place on the axis
+    assert list(bars.lines[0].get_ydata()) == pytest.approx([statistics.fmean(diffs)])
+    (low, high), = bars.lines[2][0].get_segments()
+    assert (high[1] - low[1]) / 2 == pytest.approx(statistics.stdev(diffs))
+    figures.plt.close(drawn[0])
+
+
+def test_width_figure_draws_the_paired_mean_and_std_at_each_width(grids, tmp_path, monkeypatch):
+    """The width figure draws what its table prints: each width's paired Δ mean with the std as its bar,
+    widths in order whatever the order of the folders, and the seed counts in the legend."""
+    depth, width = grids
+    deltas = figures.deltas_by_width([width, depth], 4)  # the wider grid first
+    deltas["rd/res_blocks=0"][128]["wins"] = 2  # (rd won on every seed: seeds and wins would read alike)
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+    assert figures.plot_width(deltas, 4, tmp_path / "w.png") == ["rd/res_blocks=0"]
+    (bars,) = drawn[0].axes[0].containers
+    assert bars.get_label() == "rd/res_blocks=0 (seeds: 3, 2)"
+    diffs = {128: [-0.05, -0.02, -0.04], 256: [-0.10, -0.04]}
+    assert list(bars.lines[0].get_xdata()) == [128, 256]  # one kind: no side-by-side shift
+    assert list(bars.lines[0].get_ydata()) == pytest.approx([statistics.fmean(diffs[128]), statistics.fmean(diffs[256])])
+    half = [(high[1] - low[1]) / 2 for low, high in bars.lines[2][0].get_segments()]
+    assert half == pytest.approx([statistics.stdev(diffs[128]), statistics.stdev(diffs[256])])
+    figures.plt.close(drawn[0])
+
+
+def test_only_comparisons_with_standard_are_drawn_against_width(tmp_path):
+    """rd is compared with standard and with its parent attnres: the width and depth figures take its Δ to
+    standard only, not the one to attnres as a second point at the same size."""
+    grid = write_grid(tmp_path / "parents", [], {"standard": [2.0, 2.1], "attnres/res_blocks=0": [1.95, 2.08],
+                                                 "rd/res_blocks=0": [1.9, 2.0]})
+    deltas = figures.deltas_by_width([grid], 4)
+    assert {kind: sorted(d) for kind, d in deltas.items()} == {"attnres/res_blocks=0": [128], "rd/res_blocks=0": [128]}
+    assert deltas["rd/res_blocks=0"][128]["diff_nats"] == pytest.approx([-0.10, -0.10])
+
+
+def test_table_cells_give_the_std_unless_there_is_none_and_wins_over_seeds():
+    """A table cell: Δ with its sign, ± std wherever there is one (also a std of 0 over several seeds; only
+    one seed has none), then wins out of seeds."""
+    p = dict(n_head=4, diff_nats_mean=0.0123, diff_nats_std=0.0, wins=1, n=3, grid="g")
+    assert figures.paired_cells(p) == "4 | +0.0123 ± 0.0000 | 1/3 | g |"
+    assert figures.paired_cells(dict(p, diff_nats_mean=-0.02, diff_nats_std=None, wins=0, n=1)) == "4 | -0.0200 | 0/1 | g |"
