@@ -99,6 +99,8 @@ def parse_args():
         if value is not None and value < 1:
             default = ", or leave it out for the default" if p.get_default(option) is None else ""
             p.error(f"--{option}={value}: give a positive number of {what}{default}")
+    if not args.peak_tflops >= 0:  # (not < 0: nan is refused too) common.peak_flops would measure one instead
+        p.error(f"--peak_tflops={args.peak_tflops}: give the peak in TFLOP/s, or leave it out to use the default peak")
     if args.json:  # found unwritable only after the benchmark, its figures would be lost
         problem = cannot_write(args.json)
         if problem:

@@ -163,7 +163,7 @@ for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_i
     if not config[key] > 0:  # (not <= 0: nan is refused too)
         die(f"{key}={config[key]} must be positive")
 for key in ("learning_rate", "min_lr", "seed", "max_iters", "warmup_iters", "lr_decay_iters", "weight_decay",
-            "res_query_lr_mult", "grad_clip"):  # (learning_rate=0: a frozen model, as the seeding tests use)
+            "res_query_lr_mult", "grad_clip", "peak_tflops"):  # (learning_rate=0: a frozen model, as the seeding tests use)
     if not config[key] >= 0:
         die(f"{key}={config[key]} must not be negative")
 for key in ("beta1", "beta2"):

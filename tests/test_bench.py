@@ -331,6 +331,16 @@ def test_counts_below_one_are_usage_errors(option, monkeypatch, capsys):
     assert e.value.code == 2 and f"error: {option}: give a positive number of " in err
 
 
+@pytest.mark.parametrize("peak", ["-5", "nan"])
+def test_a_peak_below_zero_is_a_usage_error(peak, monkeypatch, capsys):
+    """--peak_tflops=-5 would silently give MFU against the measured peak instead: refused with the options."""
+    import bench
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, f"--peak_tflops={peak}"])
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args()
+    assert e.value.code == 2 and f"error: --peak_tflops={float(peak)}: give the peak in TFLOP/s" in capsys.readouterr().err
+
+
 def test_a_json_that_cannot_be_written_is_refused_before_the_benchmark(tmp_path, monkeypatch, capsys):
     import bench
     monkeypatch.setattr(bench, "run", lambda args: pytest.fail("benchmarked before checking --json"))

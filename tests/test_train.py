@@ -563,6 +563,7 @@ def bad_inputs(data, tmp_path):
         "negative learning rate": (["--learning_rate=-1e-3"], "learning_rate=-0.001 must not be negative"),
         "negative seed": (["--seed=-1"], "seed=-1 must not be negative"),
         "negative min_lr": (["--min_lr=-1e-4"], "min_lr=-0.0001 must not be negative"),
+        "negative peak": (["--peak_tflops=-5.0"], "peak_tflops=-5.0 must not be negative"),  # (not: MFU against another peak)
         "beta past 1": (["--beta1=1.5"], "beta1=1.5 is one of AdamW's decay rates"),
     }
 
