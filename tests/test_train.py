@@ -183,6 +183,19 @@ def test_float16_trains_and_resumes_exactly_with_its_gradient_scaler(data, tmp_p
     assert scalers[0] == scalers[1] and scalers[0]["_growth_tracker"] == 8 and scalers[0]["scale"] == 2.0 ** 16
 
 
+def test_float16_clips_the_unscaled_gradient(data, tmp_path):
+    """With float16's gradient scaler the gradient is unscaled before it is clipped: grad_clip bounds the true
+    norm, not the one 2^16 times larger that the scaler backpropagates. So a grad_clip far above the true norm
+    (1e3) changes nothing: after one iteration the weights equal grad_clip=0's, bit for bit."""
+    states = {}
+    for clip in ("1e3", "0"):
+        out = tmp_path / f"clip{clip}"
+        train(*TINY, f"--dataset={data}", f"--out_dir={out}", "--max_iters=1", "--eval_interval=1", "--dtype=float16",
+              f"--grad_clip={clip}", cwd=tmp_path)
+        states[clip] = load_checkpoint(out / "ckpt.pt")["model"]
+    assert all(torch.equal(v, states["0"][k]) for k, v in states["1e3"].items())
+
+
 def test_pseudo_queries_train_at_res_query_lr_mult_times_the_rate(data, tmp_path):
     """AdamW's first step moves each weight by lr times g / (|g| + eps), i.e. by lr wherever the gradient is
     not tiny: after one iteration the pseudo-queries, which start at zero, are at most lr x res_query_lr_mult
@@ -197,6 +210,38 @@ def test_pseudo_queries_train_at_res_query_lr_mult_times_the_rate(data, tmp_path
         queries = torch.stack([v for k, v in states[mult].items() if "res_query" in k])
         assert queries.abs().max().item() == pytest.approx(lr * mult, rel=1e-4)
     assert all(torch.equal(v, states[3][k]) for k, v in states[0].items() if "res_query" not in k)
+
+
+def test_the_learning_rate_stays_at_min_lr_after_lr_decay_iters_and_is_constant_without_decay(data, tmp_path):
+    """A run longer than lr_decay_iters trains its last iterations at min_lr (the cosine does not rise
+    again after its end), and decay_lr=False trains at learning_rate from the first iteration on."""
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'long'}", "--max_iters=11", "--eval_interval=100",
+          cwd=tmp_path)
+    warmup = [1e-2 * (it + 1) / 3 for it in range(2)]
+    cosine = [1e-3 + 0.5 * (1 + math.cos(math.pi * (it - 2) / 6)) * 9e-3 for it in range(2, 9)]
+    assert [e["lr"] for e in events(tmp_path / "long", "train")] == pytest.approx(warmup + cosine + [1e-3] * 2,
+                                                                                   rel=1e-12)
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'constant'}", "--max_iters=3", "--eval_interval=100",
+          "--decay_lr=False", cwd=tmp_path)
+    assert [e["lr"] for e in events(tmp_path / "constant", "train")] == [1e-2] * 3
+
+
+def test_grad_clip_bounds_the_gradient_norm_and_0_turns_it_off(data, tmp_path):
+    """grad_clip scales the gradient down to that total norm before AdamW's step. AdamW's first step moves
+    a weight by lr x g / (|g| + eps), eps = 1e-8 (no weight decay here): clipped to a norm of 1e-12, no weight
+    moves by more than lr x 1e-4 from its initial value; with grad_clip=0 (off) the largest step is lr."""
+    lr = 1e-2 / 3  # TINY's first iteration, in warmup
+    moved = {}
+    for clip in ("1e-12", "0"):
+        out = tmp_path / f"clip{clip}"
+        train(*TINY, f"--dataset={data}", f"--out_dir={out}", "--max_iters=1", "--eval_interval=1",
+              f"--grad_clip={clip}", "--weight_decay=0", cwd=tmp_path)
+        ckpt = load_checkpoint(out / "ckpt.pt")
+        torch.manual_seed(7)  # TINY's seed: train.py builds the model right after seeding, as here
+        initial = GPT(GPTConfig.from_dict(ckpt["model_args"])).state_dict()
+        moved[clip] = max((ckpt["model"][k] - v).abs().max().item() for k, v in initial.items())
+    assert 0 < moved["1e-12"] <= lr * 1e-4 * 1.01
+    assert moved["0"] == pytest.approx(lr, rel=1e-3)
 
 
 def test_resume_takes_the_runs_own_settings(data, tmp_path):
@@ -228,6 +273,23 @@ def test_resume_refuses_what_it_cannot_change(data, tmp_path, changed):
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"init_from=resume continues the run in {tmp_path} as it was, but {key}=" in result.stderr
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+
+
+def test_resume_refuses_every_setting_that_decides_batches_or_adamws_state(data, tmp_path):
+    """The rest of RESUMED_AS_TRAINED (test_resume_refuses_what_it_cannot_change has batch_size, beta2, seed):
+    the dataset, gradient_accumulation_steps, weight_decay, beta1 and res_query_lr_mult set to another value
+    stop a resume with one line, the run kept."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    before = (tmp_path / "out" / "ckpt.pt").read_bytes(), (tmp_path / "out" / "log.jsonl").read_bytes()
+    copy = shutil.copytree(data, tmp_path / "copy")  # the same data under another name: still another setting
+    for changed in (f"--dataset={copy}", "--gradient_accumulation_steps=2", "--weight_decay=0.2", "--beta1=0.8",
+                    "--res_query_lr_mult=2.0"):
+        result = train(*common, "--max_iters=4", "--init_from=resume", changed, cwd=tmp_path, ok=False)
+        key = changed[2:].split("=")[0]
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, (changed, result.stderr)
+        assert f"as it was, but {key}=" in result.stderr, (changed, result.stderr)
+    assert ((tmp_path / "out" / "ckpt.pt").read_bytes(), (tmp_path / "out" / "log.jsonl").read_bytes()) == before
 
 
 def test_resume_reads_a_checkpoint_from_before_a_model_setting(data, tmp_path):
@@ -280,6 +342,20 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     # and the run's own, by its path: eval_only writes nothing, so it cannot overwrite what it reads
     assert "val loss" in train(*common, f"--init_from={tmp_path / 'ckpt.pt'}", "--eval_only=True", cwd=tmp_path).stdout
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+
+
+def test_the_best_val_loss_is_the_runs_across_a_resume(data, tmp_path):
+    """best_val_loss (the done line's, and the bar always_save_checkpoint=False saves against) is the best of
+    the whole run, resumes included: here resumed at learning_rate=3 after its best, iteration 2's, the val loss
+    rises far above it by iteration 4; resumed from there again, the run still reports iteration 2's as its best."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    train(*common, "--max_iters=4", "--init_from=resume", "--learning_rate=3", cwd=tmp_path)
+    train(*common, "--max_iters=4", "--init_from=resume", cwd=tmp_path)  # evaluates iteration 4 again, and ends
+    val = {e["iter"]: e["val_loss"] for e in events(tmp_path, "eval")}
+    assert list(val) == [0, 2, 4] and val[4] > val[2] + 10
+    (done,) = events(tmp_path, "done")
+    assert done["best_val_loss"] == val[2] and done["val_loss"] == val[4]
 
 
 def start_and_signal(args, out_dir, sig, after_iter, command=(sys.executable, str(TRAIN)), cwd=None):
@@ -377,6 +453,7 @@ def test_a_signal_stops_every_torchrun_rank_together(data, tmp_path):
 def test_the_log_starts_with_the_code_machine_and_settings(data, tmp_path):
     """Provenance: log.jsonl's first line names the commit (and whether tracked files differed from it),
     torch, the device and every setting, so a published number traces back to what made it."""
+    (tmp_path / "log.jsonl").write_text('{"event": "eval", "iter": 9}\n')  # a run's that stopped before its first save
     train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=1", "--eval_interval=1", "--seed=5", cwd=tmp_path)
     first = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
     assert first["event"] == "start" and first["torch"] == torch.__version__ and first["device"] == "cpu"
@@ -419,6 +496,8 @@ def test_torchrun_resume_is_exact_with_each_ranks_dropout_stream(data, tmp_path)
           cwd=tmp_path)
     straight, halves = losses(tmp_path / "straight"), losses(tmp_path / "halves")
     assert list(halves) == list(range(6)) and halves == straight
+    rngs = load_checkpoint(tmp_path / "straight" / "ckpt.pt")["rng"]  # seed + 1 + rank: a dropout stream per rank
+    assert len(rngs) == 2 and not torch.equal(rngs[0]["torch"], rngs[1]["torch"])
 
 
 def test_a_cut_log_stops_every_torchrun_rank_with_one_line(data, tmp_path):
@@ -504,6 +583,16 @@ def spoil_a_checkpoint(data, tmp_path, *args, command=(sys.executable, str(TRAIN
                  command=command, ok=False), before
 
 
+def test_a_lost_iteration_stops_the_run_at_the_next_one_between_log_lines(data, tmp_path):
+    """Between log lines and evaluations (here 100 iterations apart) a loss is still read one iteration late:
+    iteration 3, the first lost one, is reported during iteration 4, not after training on lost weights up to
+    the end of the run (iteration 6) or the next log line."""
+    result, before = spoil_a_checkpoint(data, tmp_path, "--max_iters=6", "--eval_interval=100", "--log_interval=100")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: the loss is nan at iter 3, stopping; "), result.stderr
+    assert [e["iter"] for e in events(tmp_path, "error")] == [3] and (tmp_path / "ckpt.pt").read_bytes() == before
+
+
 @pytest.mark.parametrize("when", ["an eval", "the end"])
 def test_weights_spoilt_right_before_an_eval_are_never_saved(data, tmp_path, when):
     """The step of iteration 2 spoils the weights and an evaluation comes right after it, at iteration 3,
@@ -545,10 +634,26 @@ def test_weights_spoilt_right_before_a_stop_are_never_saved(data, tmp_path):
     assert (tmp_path / "ckpt.pt").read_bytes() == before and not events(tmp_path, "stopped")
 
 
+def test_a_stop_with_always_save_checkpoint_false_keeps_the_best_checkpoint(data, tmp_path):
+    """always_save_checkpoint=False keeps the checkpoint of the best val loss, saved at its evaluation: a stop
+    (here requested before the resumed run's first iteration, seen at its log line) saves nothing over it."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--always_save_checkpoint=False"]
+    train(*common, "--max_iters=2", "--eval_interval=2", cwd=tmp_path)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    result = train(*common, "--max_iters=100", "--eval_interval=100", "--init_from=resume", cwd=tmp_path, ok=False,
+                   command=(sys.executable, "-c", STOP_REQUESTED_AT_START, str(TRAIN)))
+    assert result.returncode == 128 + signal.SIGTERM.value, result.stdout + result.stderr
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+    assert [(e["iter"], e["ckpt"]) for e in events(tmp_path, "stopped")] == [(3, str(tmp_path / "ckpt.pt"))]
+    assert f"SIGTERM: stopped at iter 3; {tmp_path / 'ckpt.pt'} at iter 2" in result.stdout
+
+
 def bad_inputs(data, tmp_path):
     """(arguments, what the one-line error says) for every kind of bad input."""
     source = standard_checkpoint(tmp_path / "source.pt", data)
     wrong_data = make_dataset(tmp_path / "gpt2data", tokenizer="gpt2", vocab=VOCAB)
+    nan_config = tmp_path / "nan_lr.py"  # (a config file: a command line cannot give nan)
+    nan_config.write_text("learning_rate = float('nan')\n")
     return {  # more of the configurator's errors: test_configurator_errors
         "unknown key": (["--learning_rat=1e-3"], "unknown config key 'learning_rat' (see --help)"),
         "wrong type": (["--batch_size=1.5"], "batch_size=1.5 should be an integer"),
@@ -565,6 +670,9 @@ def bad_inputs(data, tmp_path):
         "negative min_lr": (["--min_lr=-1e-4"], "min_lr=-0.0001 must not be negative"),
         "negative peak": (["--peak_tflops=-5.0"], "peak_tflops=-5.0 must not be negative"),  # (not: MFU against another peak)
         "beta past 1": (["--beta1=1.5"], "beta1=1.5 is one of AdamW's decay rates"),
+        "beta of 1": (["--beta2=1.0"], "beta2=1.0 is one of AdamW's decay rates"),
+        "zero eval_interval": (["--eval_interval=0"], "eval_interval=0 must be positive"),
+        "nan learning rate": ([nan_config], "learning_rate=nan must not be negative"),
     }
 
 
@@ -614,6 +722,39 @@ def test_a_token_beyond_the_vocabulary_is_a_one_line_error(tmp_path):
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert f"token id {VOCAB + 3}, beyond the vocabulary of {VOCAB}" in result.stderr
     assert "syn_val_000000.bin" in result.stderr and "prepare the data again" in result.stderr
+
+
+def test_windows_map_onto_shards_and_skip_a_shard_too_short_for_one(tmp_path):
+    """Window i of a split lies in one shard (window i - first of shard k, shards of block_size tokens or fewer
+    hold none): a split in three shards, the middle one too short, evaluates a checkpoint on exactly the
+    windows this test reads itself (eval_iters x batch_size windows spread evenly from the first to the last)."""
+    data = tmp_path / "shards"
+    rng = np.random.default_rng(1)
+    shards = {"train": [rng.integers(0, VOCAB, n) for n in (5_000, 20, 15_000)],
+              "val": [rng.integers(0, VOCAB, n) for n in (1_000, 32, 3_000)]}
+    for split, tokens in shards.items():
+        for k, t in enumerate(tokens):
+            write_shard(data / f"syn_{split}_{k:06d}.bin", t)
+    write_meta(data, dict(tokenizer="bytes", vocab_size=VOCAB, train_tokens=20_020, val_tokens=4_032,
+                          source="synthetic"))
+    source = standard_checkpoint(tmp_path / "source.pt", data)
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", f"--init_from={source}", "--residual=standard",
+          "--max_iters=0", cwd=tmp_path)
+    logged = events(tmp_path / "out", "eval")[0]
+    ckpt = load_checkpoint(source)
+    model = GPT(GPTConfig.from_dict(ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    for split, tokens in shards.items():
+        long_enough = [tokens[0], tokens[2]]  # 32 tokens hold no window of 33
+        windows = np.linspace(0, sum(len(t) - 32 for t in long_enough) - 1, 2 * 8).astype(np.int64)
+        rows = [long_enough[0][w:w + 33] if w < len(tokens[0]) - 32 else
+                long_enough[1][w - (len(tokens[0]) - 32):][:33] for w in windows]
+        xy = torch.from_numpy(np.stack(rows).astype(np.int64))
+        with torch.no_grad():
+            x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+            batch_losses = [model(x[b:b + 8], y[b:b + 8])[1].item() for b in (0, 8)]
+        assert logged[f"{split}_loss"] == pytest.approx(sum(batch_losses) / 2, abs=1e-6), split
 
 
 def test_help_lists_every_key_and_the_config_files_are_valid(tmp_path):
