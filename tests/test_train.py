@@ -338,7 +338,8 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     result = train(*common, "--init_from=resume", "--eval_only=True", cwd=tmp_path)
     assert "val loss" in result.stdout
     shutil.copyfile(tmp_path / "ckpt.pt", tmp_path / "other.pt")  # another checkpoint, evaluated beside it
-    assert "val loss" in train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", cwd=tmp_path).stdout
+    result = train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", cwd=tmp_path)
+    assert "val loss" in result.stdout and "done: 0 iterations" in result.stdout  # evaluated, not trained (max_iters=4)
     # and the run's own, by its path: eval_only writes nothing, so it cannot overwrite what it reads
     assert "val loss" in train(*common, f"--init_from={tmp_path / 'ckpt.pt'}", "--eval_only=True", cwd=tmp_path).stdout
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
