@@ -33,7 +33,7 @@ pytest.importorskip("triton")  # without a GPU, in the interpreter: conftest.py 
 
 import route_kernels as kernels  # noqa: E402
 from helpers import perturb_norms_and_biases, randomise_queries, tiny_config  # noqa: E402
-from model import GPT, reference_route  # noqa: E402
+from model import GPT, ROUTING_RMS_EPS, reference_route  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +153,55 @@ def test_backward_is_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_logits_beyond_float32_exp_range_route_like_the_reference():
+    """The online softmax subtracts the running max before each exp: logits hundreds apart (a long query),
+    or all far below zero (sources that point against the query), give the reference's route with no inf
+    or NaN, where exp of a raw logit or of a drop from one source's logit to the next would overflow
+    float32 past 88.7 (or underflow to 0 below -103.9). Tolerances: the mix of the spread case is that of
+    one source or two (weights near 0 or 1), to float32 rounding (1e-5); its gradients are checked only
+    to be finite, as delta_i = a_i (g . s_i - g . mix) cancels to nearly nothing at one-hot weights and
+    leaves float32's rounding of the two dot products as the whole of dL/dw. In the all-below case logits
+    of about -250 carry float32 rounding of 250 x 2^-24, up to a few times 1e-5 of each weight (measured:
+    up to 3.2e-5 of the scale, 3 seeds): allowed 1e-4."""
+    m, B, T, d = 5, 1, 13, 24  # 13 tokens: one part-masked tile
+    g = torch.Generator().manual_seed(0)
+    direction = torch.randn(d, generator=g)
+    direction = direction / direction.norm()
+    scales = [0.5 + 2 * torch.rand(1, generator=g) for _ in range(m)]
+    grad = torch.randn(B, T, d, generator=g).to(DEVICE)
+    spread = [(torch.randn(B, T, d, generator=g) * c).to(DEVICE) for c in scales]  # logits +-400 at |w| = 150
+    below = [((-3 * direction + 0.3 * torch.randn(B, T, d, generator=g)) * c).to(DEVICE) for c in scales]
+    for query, sources, tol_grad in ((150 * direction, spread, None), (60 * direction, below, 1e-4)):
+        query = query.to(DEVICE)
+        logits = torch.stack([(s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + ROUTING_RMS_EPS)) @ query for s in sources])
+        if tol_grad is None:  # a drop from one source's logit to the next past float32's exp range, in most tokens
+            assert ((logits[:-1] - logits[1:]).amax(0) > 100).float().mean() > 0.5
+        else:
+            assert logits.max() < -200
+        fused = route_and_grads(kernels.fused_route, query, sources, grad)
+        reference = route_and_grads(reference_route, query, sources, grad, dtype=torch.float64)
+        assert all(t.isfinite().all() for t in fused)
+        assert_close(fused[0], reference[0], 1e-5, f"mix, logits {logits.min():.0f} to {logits.max():.0f}")
+        if tol_grad is not None:
+            for name, f, r in zip(["dL/dw"] + [f"dL/ds_{i}" for i in range(m)], fused[1:], reference[1:]):
+                assert_close(f, r, tol_grad, f"all logits below -200: {name}")
+
+
+def test_a_route_over_no_tokens():
+    """An empty batch (no tokens: no program to launch) routes to an empty mix, alone and paired, with
+    empty source gradients and a zero gradient for each query, as the reference's (a sum over no tokens)."""
+    for B, T in ((2, 0), (0, 5)):
+        query, sources, grad = make_route(3, B, T, 24)
+        query2 = make_route(3, B, T, 24, seed=1)[0]
+        mix, dw, *ds = route_and_grads(kernels.fused_route, query, sources, grad)
+        assert mix.shape == (B, T, 24) and all(d.shape == (B, T, 24) for d in ds)
+        assert dw.shape == (24,) and not dw.any()
+        mix, mix2, dw, dw2, *ds = paired_and_grads(lambda w, w2, s: kernels.fused_route(w, s, w2), (query, query2),
+                                                   sources, (grad, grad))
+        assert mix.shape == mix2.shape == (B, T, 24) and all(d.shape == (B, T, 24) for d in ds)
+        assert dw.shape == dw2.shape == (24,) and not dw.any() and not dw2.any()
+
+
 @pytest.mark.parametrize("paired", [False, True])
 def test_compiled_route_is_one_node_each_way(paired):
     """torch.compile sees one nanoattnres::route node in the forward graph and one route_backward in the
@@ -227,6 +276,23 @@ def test_rejects_mismatched_sources():
     for bad in ([sources[0], sources[1].double()], [sources[0], sources[1][:, :7]], [sources[0], strided], []):
         with pytest.raises(ValueError):
             kernels.fused_route(query, bad)
+
+
+def test_fused_route_refuses_what_its_kernels_do_not_take():
+    """Sources on two devices, sources of a dtype the kernels are not tested with, and queries of another
+    shape, device or of two dtypes are refused with fused_route's message; the op refuses queries that are
+    not [1 or 2, d] even where their first two sizes would pass (a [1, d, d] query)."""
+    query, sources, _ = make_route(2, 2, 13, 24)
+    with pytest.raises(ValueError, match="on one device"):
+        kernels.fused_route(query, [sources[0], sources[1].to("meta")])
+    for dtype in (torch.float64, torch.float16):
+        with pytest.raises(ValueError, match="supported are"):
+            kernels.fused_route(query.to(dtype), [s.to(dtype) for s in sources])
+    for w, w2 in ((query[:20], None), (query.to("meta"), None), (query, query.double()), (query, query[:20])):
+        with pytest.raises(ValueError, match="fused_route: a query is"):
+            kernels.fused_route(w, sources, w2)
+    with pytest.raises(ValueError, match="takes 1 or 2 queries as wide as the sources"):
+        torch.ops.nanoattnres.route(torch.randn(1, 24, 24, device=DEVICE), sources)
 
 
 def test_available_where_triton_runs():
@@ -645,6 +711,16 @@ def test_tiles_option_is_checked():
     assert kernels.parse_tiles("4096:4,8192:8,1024:1:prefetch") == [(4096, 4, False), (8192, 8, False), (1024, 1, True)]
     for bad in ("4096", "3000:4", "4096:3", "a:b", "4096:4:pre", "4096:4:prefetch:1"):
         with pytest.raises(ValueError, match="--tiles item"):
+            kernels.parse_tiles(bad)
+
+
+def test_tiles_option_takes_every_warp_count_and_no_empty_tile():
+    """--tiles' bounds: each of 1, 2, 4, 8 and 16 warps is taken, and a tile of 0 elements is refused
+    (0 & -1 is 0: the power-of-two test alone would take it, and a launch would get no tokens a program)."""
+    assert kernels.parse_tiles(",".join(f"{64 * w}:{w}" for w in (1, 2, 4, 8, 16))) == [
+        (64 * w, w, False) for w in (1, 2, 4, 8, 16)]
+    for bad in ("0:4", "0:1:prefetch", "-4:4"):
+        with pytest.raises(ValueError, match="elements must be a power of two"):
             kernels.parse_tiles(bad)
 
 
