@@ -732,7 +732,16 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
     return dict(**variant, block_t=constants["BLOCK_T"], registers=count("REG"),
                 spilled_bytes=count("LOCAL"), barriers=sass.count("BAR.SYNC"), load_bits=widths("ld"),
                 store_bits=widths("st"), compile_s=round(seconds, 2),
-                int32_row_offsets=len(re.findall(rf"arith\.muli [^\n]*%c{d}_i32\b", compiled.asm["ttir"])))
+                int32_row_offsets=int32_products_by(d, compiled.asm["ttir"]))
+
+
+def int32_products_by(d, ttir):
+    """How many int32 multiplies in Triton's IR take the constant d (a scalar, or a tensor of it: newer Tritons
+    name it after the variable, `%offs = arith.constant dense<768> : tensor<16x1xi32>`)."""
+    import re
+    names = set(re.findall(rf"(%[\w.]+) = arith\.constant (?:{d} : i32|dense<{d}> : tensor<[\dx]+xi32>)", ttir))
+    products = re.findall(r"= arith\.muli (%[\w.]+), (%[\w.]+) : (?:i32|tensor<[\dx]+xi32>)", ttir)
+    return sum(a in names or b in names for a, b in products)
 
 
 def _bits(widths):

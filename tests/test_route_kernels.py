@@ -760,6 +760,28 @@ def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     assert "registers" in run.stdout and "sm_90" in run.stdout
 
 
+def test_int32_products_by_d_are_found_however_triton_names_the_constant():
+    """compile_for_gpu's int32_row_offsets counts int32 multiplies by d in Triton's IR: with d as a named scalar
+    (`%c40_i32`, older Tritons) or as a tensor constant named after its variable (Triton 3.9, the IR of a row
+    offset `rows[:, None] * D` without its int64 cast); an int64 product, or an int32 one by another number, is
+    none. (The first form alone was looked for, so the check could not fail on Triton 3.9.)"""
+    ttir_39 = """
+    %offs = arith.constant dense<40> : tensor<16x1xi32> loc(#loc66)
+    %cst_2 = arith.constant dense<40> : tensor<64xi32> loc(#loc6)
+    %rows_4 = arith.muli %rows_3, %rows : i32 loc(#loc67)
+    %offs_15 = arith.muli %offs_14, %offs : tensor<16x1xi32> loc(#loc66)"""
+    ttir_old = """
+    %c40_i32 = arith.constant 40 : i32 loc(#loc1)
+    %c16_i32 = arith.constant 16 : i32 loc(#loc1)
+    %0 = arith.muli %pid, %c16_i32 : i32 loc(#loc2)
+    %1 = arith.muli %x, %c40_i32 : i32 loc(#loc3)"""
+    ttir_int64 = """
+    %offs = arith.constant dense<40> : tensor<16x1xi64> loc(#loc66)
+    %offs_15 = arith.muli %offs_14, %offs : tensor<16x1xi64> loc(#loc66)"""
+    assert kernels.int32_products_by(40, ttir_39) == 1 and kernels.int32_products_by(40, ttir_old) == 1
+    assert kernels.int32_products_by(40, ttir_int64) == 0 and kernels.int32_products_by(768, ttir_39) == 0
+
+
 def test_bf16_sources_cost_no_barriers_per_slot_over_float32(tmp_path):
     """At the default tile and full width (d = 768: a token's features span all 4 warps) the query is
     moved into the bfloat16 sources' register layout once, before the slots, not inside each slot's
