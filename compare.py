@@ -865,8 +865,8 @@ def main(argv):
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
     plan = [(n, seed) for pt in points for seed in seeds for n in names if split_point(n)[0] == pt]
     if publish:  # a run finished elsewhere and published is taken as it is, never trained twice
-        taken = [(runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}") for name, seed in plan]
-        taken = [(local, published) for local, published in taken
+        pairs = [(runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}") for name, seed in plan]
+        taken = [(local, published) for local, published in pairs
                  if not finished(read_log(local)) and finished(read_log(published))]
         for local, published in taken:  # all checked before any is taken: a checkpoint is never deleted
             if (local / "ckpt.pt").exists():

@@ -38,6 +38,7 @@ GPU would run (registers, spills, barriers, vector widths).
 
 import contextlib
 import os
+import re
 import time
 import types
 from collections.abc import Sequence
@@ -699,7 +700,6 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
     - int32_row_offsets: products by d computed in int32, from Triton's IR, where a row's offset x * d
       wraps past 2^31 elements: at N d >= 2^31 (2.8M tokens at d = 768) a wrong address, on a GPU only.
     sass_dir: also write the machine code there, one file per variant, to read where loads and barriers fall."""
-    import re
     if interpreted():
         raise RuntimeError("compiling for a GPU needs Triton's compiler, not its interpreter: unset TRITON_INTERPRET")
     from triton.backends.compiler import GPUTarget
@@ -738,7 +738,6 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
 def int32_products_by(d, ttir):
     """How many int32 multiplies in Triton's IR take the constant d (a scalar, or a tensor of it: newer Tritons
     name it after the variable, `%offs = arith.constant dense<768> : tensor<16x1xi32>`)."""
-    import re
     names = set(re.findall(rf"(%[\w.]+) = arith\.constant (?:{d} : i32|dense<{d}> : tensor<[\dx]+xi32>)", ttir))
     products = re.findall(r"= arith\.muli (%[\w.]+), (%[\w.]+) : (?:i32|tensor<[\dx]+xi32>)", ttir)
     return sum(a in names or b in names for a, b in products)
