@@ -42,7 +42,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     residual: str = "standard"  # standard | attnres | delta | rd
-    res_blocks: int = 0  # routing blocks: 0 = one per sublayer, else a divisor of 2 * n_layer
+    res_blocks: int = 0  # how many routing blocks (2 * n_layer / res_blocks sublayers each); 0 = one per sublayer
     fixed_value_route: bool = False  # rd only: the value pseudo-queries stay zero (a uniform value route)
     lowrank_rank: int = 0  # 0 = dense linears, r > 0 = W = B A with rank r
     lowrank_act: str = "silu"  # activation between A and B: silu | identity
@@ -64,7 +64,7 @@ class GPTConfig:
             need(is_int(getattr(self, name)) and getattr(self, name) > 0, name, "use a positive integer")
         for name in ("bias", "fixed_value_route", "dlr"):
             need(isinstance(getattr(self, name), bool), name, "use True or False")
-        need(self.n_embd % self.n_head == 0, "n_embd", f"it must be a multiple of n_head={self.n_head}")
+        need(self.n_embd % self.n_head == 0, "n_embd", f"use a multiple of n_head={self.n_head}, or change n_head")
         need(is_number(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", "use a value in [0, 1)")
         need(self.residual in RESIDUAL_MODES, "residual", f"use one of {', '.join(RESIDUAL_MODES)}")
         n_sub = 2 * self.n_layer
@@ -74,7 +74,8 @@ class GPTConfig:
              "only rd has a value route: set residual=rd or fixed_value_route=False")
         need(is_int(self.lowrank_rank) and 0 <= self.lowrank_rank <= self.n_embd, "lowrank_rank",
              f"use 0 (dense) or a rank in 1..n_embd={self.n_embd}")
-        need(self.lowrank_act in LOWRANK_ACTIVATIONS, "lowrank_act", f"use one of {', '.join(LOWRANK_ACTIVATIONS)}")
+        need(isinstance(self.lowrank_act, str) and self.lowrank_act in LOWRANK_ACTIVATIONS, "lowrank_act",
+             f"use one of {', '.join(LOWRANK_ACTIVATIONS)}")
         need(not self.dlr or self.lowrank_rank > 0, "dlr", "DLR needs low-rank linears: set lowrank_rank > 0")
         need(is_number(self.dlr_alpha) and math.isfinite(self.dlr_alpha), "dlr_alpha", "use a finite number")
 
@@ -287,7 +288,7 @@ def routing_logits(s, queries):
     Computed as (s . w) / rms(s), so no normalised copy of s is made or kept for the backward pass.
     mean(s^2) = |s|^2 / d from one fused norm: its backward is one pass over s, where pow(2).mean()
     takes three. All of it in at least float32, as the fused route computes it, also under autocast:
-    a bfloat16 logit of size 40 is off by up to 0.1, and autocast would make and keep a bfloat16
+    a bfloat16 logit of size 40 is off by up to 0.125, and autocast would make and keep a bfloat16
     copy of every source for this small matmul."""
     dtype = torch.promote_types(s.dtype, torch.float32)
     norm = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=dtype)
@@ -533,7 +534,9 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None, collect_routing=False):
         device = idx.device
         t = idx.size(1)
-        assert t <= self.config.block_size, f"cannot forward {t} positions, block_size is {self.config.block_size}"
+        if t > self.config.block_size:
+            raise ValueError(f"cannot forward {t} positions, block_size is {self.config.block_size}: "
+                             f"pass the last {self.config.block_size} tokens (generate() does)")
         # with a cache: the positions after those already written
         pos = torch.arange(t, dtype=torch.long, device=device) if cache is None else cache.begin(t)
 
@@ -548,22 +551,22 @@ class GPT(nn.Module):
         h = e  # the stream h_0 = e (standard, delta; attnres and rd have none)
         row = self.route_row
         for j in range(2 * L):
-            block = self.transformer.h[j // 2]
-            sublayer = f"L{j // 2}.{'mlp' if j % 2 else 'attn'}"  # the name of its route
+            layer = self.transformer.h[j // 2]  # a transformer Block (attention, then MLP): not a routing block
+            route_name = f"L{j // 2}.{'mlp' if j % 2 else 'attn'}"  # its input route's, as route_table names it
             # the sublayer's input x_j, where the modes differ most (also: the stream update and the output, below)
             x_v = None
             if mode == "standard":
                 x = h  # x_j = h_j
             elif mode == "delta":
-                x = h + depth.route(row[sublayer])  # x_j = h_j + route(w_j, [e, D_1, .., P])
+                x = h + depth.route(row[route_name])  # x_j = h_j + route(w_j, [e, D_1, .., P])
             elif mode == "rd" and j % 2 == 0:
-                x, x_v = depth.route_pair(row[sublayer], row[sublayer + ".v"])  # x_qk = route(w_j, ..), x_v = route(w_v, ..)
+                x, x_v = depth.route_pair(row[route_name], row[route_name + ".v"])  # x_qk = route(w_j, ..), x_v = route(w_v, ..)
             else:
-                x = depth.route(row[sublayer])  # attnres, rd's MLP: x_j = route(w_j, [e, b_1, .., p])
+                x = depth.route(row[route_name])  # attnres, rd's MLP: x_j = route(w_j, [e, b_1, .., p])
             if j % 2 == 0:
-                out = block.attn_sublayer(x, x_v, cache, j // 2)
+                out = layer.attn_sublayer(x, x_v, cache, j // 2)
             else:
-                out = block.mlp_sublayer(x)
+                out = layer.mlp_sublayer(x)
             if not replaces_stream:
                 h = h + out  # h_{j+1} = h_j + f_j(n_j(x_j))
             if depth is not None:
@@ -590,7 +593,7 @@ class GPT(nn.Module):
         """AdamW with three groups: matrices (decayed), vectors (not decayed), and the routing
         pseudo-queries (not decayed; lr scaled by res_query_lr_mult, stored as the group's
         'lr_mult' for the training loop to apply)."""
-        params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}  # rd_fixedv's value queries: not trained
+        params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}  # fixed_value_route's value queries: not trained
         is_query = {query for _, query, _ in self.routes}
         queries = [p for pn, p in params.items() if pn in is_query]
         decay = [p for pn, p in params.items() if pn not in is_query and p.dim() >= 2]
@@ -620,7 +623,9 @@ class GPT(nn.Module):
         if cfg.residual != "standard":
             counts = self.route_source_counts()
             n_routes, n_sources = len(counts), 1 + 2 * L // cfg.sublayers_per_block
-            # per route: m logits (reused) + weighted sum of m sources (2 d m); per source: key logits vs all routes (2 d R).
+            # per route: the weighted sum of its m sources (2 d m); per completed source: its logits against every
+            # route's query, made once and reused by every route that reads it (2 d R). Left out, being small: the
+            # norms, and the plain route's logit of the block in progress (2 d per route that reads one).
             # (The plain route's count: the fused route computes each route's m logits itself, the same order.)
             route_fwd = sum(2 * d * m for m in counts) + n_sources * 2 * d * n_routes
             flops += 3 * route_fwd

@@ -769,6 +769,16 @@ def test_cache_overflow_is_an_error(mode):
     model(batch(t=1), cache=cache)  # the last slot
 
 
+@pytest.mark.parametrize("mode", ("standard", "rd"))
+def test_more_positions_than_block_size_is_an_error(mode):
+    """A forward over more than block_size positions is a one-line error that says what to pass (an
+    assert would vanish under python -O and leave wpe's index error)."""
+    model = make_model(residual=mode)
+    with pytest.raises(ValueError, match=r"cannot forward 17 positions, block_size is 16: pass the last 16") as err:
+        model(batch(t=17))
+    assert "\n" not in str(err.value)
+
+
 class CountingBackend:
     """A torch.compile backend that runs each captured graph as it is and counts the graphs: how
     many times dynamo compiled, without paying for Inductor."""
@@ -888,6 +898,7 @@ def test_compiled_decoding_after_compiled_sublayers_is_one_graph(mode, res_block
     ({"lowrank_rank": 33}, "lowrank_rank"),  # n_embd = 32
     ({"dlr_alpha": float("nan"), "lowrank_rank": 4, "dlr": True}, "dlr_alpha"),
     ({"bias": "False"}, "bias"),  # a non-empty string is truthy: it would silently mean True
+    ({"lowrank_act": ["silu"], "lowrank_rank": 4}, "lowrank_act"),  # not a TypeError from the dict lookup
 ])
 def test_bad_config_raises(overrides, field):
     with pytest.raises(ValueError, match=rf"GPTConfig\.{field}=") as err:
