@@ -59,7 +59,8 @@ def load_checkpoint(path, map_location="cpu"):
     and unpickling an arbitrary object can run any code: only plain data is let through."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py --out_dir={path.parent})")
+        writes = f"--out_dir={path.parent} writes it" if path.name == "ckpt.pt" else "--out_dir=DIR writes DIR/ckpt.pt"
+        raise FileNotFoundError(f"no checkpoint at {path}: check the path, or train one first (python train.py {writes})")
     damaged = _damaged_record(path)
     if damaged:
         raise ValueError(f"checkpoint {path} is damaged ({damaged}), so it was not loaded: restore it from a copy or retrain")

@@ -59,8 +59,9 @@ avoids torch threads waiting on each other, which slows small models several tim
 "Measurements behind the code"); --jobs above 1 sets it when you have not.
 
 Output in <out_dir>/compare/: results.md (with --eval_tasks, a second table: the task scores),
-results.json, val_loss.png, routing_<run>.png (one per routed run) and max_weight_by_depth.png (one
-of each per value with --sweep), and with --sweep sweep_val_loss.png and sweep_max_weight.png, all
+results.json, val_loss.png, routing_<run>.png (one per routed run) and, where the grid holds attnres or
+delta runs, max_weight_by_depth.png (one of each per value with --sweep), and with --sweep
+sweep_val_loss.png and sweep_max_weight.png, all
 drawn by figures.py (which also sets published grids side by side: python figures.py --help).
 results.md names the machine the runs trained on, as each run's log records it (its `start` event), not
 the machine that writes the report; when this command trained every run, that machine in full (cores,
@@ -782,7 +783,13 @@ def estimate_run_s(config, name, passthrough, env):
         probe = [f"--max_iters={PROBE_ITERS}", f"--eval_interval={PROBE_ITERS}", "--eval_iters=1", "--log_interval=1",
                  "--wandb_log=False"]  # a probe is no run to report
         cmd = train_command(config, tmp, 0, name, passthrough + probe)
-        wall = train(cmd, Path(tmp), env)
+        try:
+            wall = train(cmd, Path(tmp), env)
+        except RuntimeError:
+            last = ((Path(tmp) / "train.log").read_text().splitlines() or [""])[-1]
+            if last.startswith("error: "):  # train.py refused the run's settings: its one line, not a log about to go
+                raise ValueError(f"run {name}: {last.removeprefix('error: ')}") from None
+            raise
         ms = [e["ms_per_iter"] for e in read_log(tmp) if e.get("event") == "train"][1:]  # the first step warms up
     step_s = statistics.median(ms) / 1000 if ms else wall / PROBE_ITERS
     max_iters, eval_interval, eval_iters = (settings[k] for k in ("max_iters", "eval_interval", "eval_iters"))

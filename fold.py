@@ -71,7 +71,9 @@ def same_file(a, b):
 def check_out(args):
     """Exit with a one-line error, before any work, if --out cannot or must not be written."""
     if same_file(args.ckpt, args.out):
-        die(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out=out-dlr/folded.pt")
+        ckpt = Path(args.ckpt)
+        beside = ckpt.with_name("folded.pt" if not same_file(ckpt, ckpt.with_name("folded.pt")) else f"{ckpt.stem}_folded.pt")
+        die(f"--out {args.out} is the input checkpoint; write the folded one next to it, e.g. --out={beside}")
     problem = cannot_write(args.out)
     if problem:
         die(f"cannot write --out {args.out}: {problem}; choose another --out")

@@ -128,7 +128,8 @@ if config["init_from"] == "resume":
             config[k] = trained[k]
         elif k in RESUMED_AS_TRAINED:
             die(f"init_from=resume continues the run in {config['out_dir']} as it was, but {k}={config[k]!r} differs "
-                f"from its {trained[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
+                f"from its {trained[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path} "
+                "and another out_dir")
         elif k not in model_keys or k == "dropout":  # (other model keys: checked when the model is built)
             changed.append(f"{k} {trained[k]!r} -> {config[k]!r}")
     if changed and int(os.environ.get("RANK", 0)) == 0:
@@ -226,7 +227,8 @@ for split, shards in data.items():
             f"shards were added or removed since it was written (an interrupted prepare?); prepare it again")
     if ckpt is not None and ckpt.get("dataset_meta", {}).get(f"{split}_tokens", counted) != counted:
         die(f"{data_dir} holds {counted:,} {split} tokens, {ckpt['dataset_meta'][f'{split}_tokens']:,} when the run in "
-            f"{out_dir} was trained: its batches would differ; start a new run from it with --init_from={ckpt_path}")
+            f"{out_dir} was trained: its batches would differ; start a new run from it with --init_from={ckpt_path} "
+            "and another out_dir")
     # a window is block_size + 1 tokens (inputs, and targets shifted by one); shorter shards hold none
     data[split] = [s for s in shards if len(s) > block_size]
     if not data[split]:
@@ -287,7 +289,7 @@ elif init_from == "resume":  # (the checkpoint is loaded above, with the run's s
         was = model_args.get(k, DEFAULT_ARGS[k])  # (a checkpoint from before a GPTConfig field: its default)
         if v != was and k != "dropout":
             die(f"init_from=resume continues the run in {out_dir} as it was, but {k}={v!r} differs from its "
-                f"{was!r}: drop {k}, or start a new run from it with --init_from={ckpt_path}")
+                f"{was!r}: drop {k}, or start a new run from it with --init_from={ckpt_path} and another out_dir")
     model_args = {**model_args, **model_overrides}
     iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
     source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
@@ -309,10 +311,15 @@ else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (RE
             ckpt = load_checkpoint(init_from, map_location="cpu")
             source_args, state = ckpt["model_args"], ckpt["model"]
             source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
+            source_dataset = ckpt.get("config", {}).get("dataset")
+            if eval_only and source_dataset not in (None, dataset) and master:  # (fine-tuning on other data is the point)
+                print(f"note: {init_from} was trained on {source_dataset}; this evaluates it on {dataset} "
+                      f"(--dataset={source_dataset} for its own)")
     except (FileNotFoundError, ValueError, DownloadError) as e:
         die(e)
     if block_size > source_args["block_size"]:
-        die(f"block_size={block_size} is longer than the context of {init_from}, {source_args['block_size']}: lower it")
+        die(f"block_size={block_size} is longer than the context of {init_from}, {source_args['block_size']}: "
+            f"set --block_size={source_args['block_size']} or less")
     # the model trains with this run's block_size: a longer context is cropped to its first positions,
     # like nanoGPT's crop_block_size
     model_args = {**source_args, **model_overrides, "block_size": block_size}
@@ -514,8 +521,12 @@ if master:
           f"({meta['tokenizer']}, vocab {meta['vocab_size']})")
     print(f"model: {raw_model.config.residual}, {raw_model.config.n_layer} layers, {raw_model.config.n_embd} wide, "
           f"{n_params:.2f}M parameters, from {init_from}" + (f" at iter {iter_num}" if init_from == "resume" else ""))
-    print(f"training on {device} in {dtype}, {world_size} process(es): {gradient_accumulation_steps} x {batch_size} "
-          f"x {block_size} = {tokens_per_iter:,} tokens per iteration, {max_iters} iterations")
+    if eval_only:
+        print(f"evaluating on {device} in {dtype}, {world_size} process(es): {eval_iters} x {batch_size} x {block_size} "
+              f"tokens per split")
+    else:
+        print(f"training on {device} in {dtype}, {world_size} process(es): {gradient_accumulation_steps} x {batch_size} "
+              f"x {block_size} = {tokens_per_iter:,} tokens per iteration, {max_iters} iterations")
     if dtype == "float16" and device_type == "cpu":
         print("float16 on a CPU: right, but slow where the CPU has no float16 matrix units (most have none); "
               "bfloat16 is the fast half precision on CPUs")

@@ -922,6 +922,18 @@ def test_same_seed_same_batches(tmp_path, dataset):
     assert min(abs(x - y) for i, x in enumerate(a) for y in a[i + 1:]) > 2e-5  # each batch has a loss of its own
 
 
+def test_settings_train_py_refuses_are_one_line_naming_the_run(tmp_path, dataset, monkeypatch):
+    """A run whose settings train.py refuses (a res_blocks that does not divide 2 x 2 sublayers) ends the grid at
+    its timing probe with train.py's own line and the run's name, not the end of a log in a deleted folder."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with pytest.raises(ValueError) as err:
+        compare.main([f"--out_dir={tmp_path}", "--runs=delta/res_blocks=3", "--seeds=1", f"--dataset={dataset}", *TINY,
+                      "--max_iters=4"])
+    assert str(err.value) == ("run delta/res_blocks=3: GPTConfig.res_blocks=3 is not allowed: use 0 (per sublayer) or "
+                              "a divisor of 2 * n_layer = 4")
+    assert not (tmp_path / "compare" / "runs").exists() or not any((tmp_path / "compare" / "runs").rglob("ckpt.pt"))
+
+
 def test_tiny_grid_end_to_end(tmp_path, dataset, capsys, monkeypatch):
     """Two modes x two seeds through train.py: progress, results, pictures; then a rerun that retrains
     only the one run left unfinished."""

@@ -13,6 +13,7 @@ rounding is negligible, the logits move by 1e-7 (measured) on a logit scale of 0
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -170,7 +171,10 @@ def test_fold_never_overwrites_its_input(tmp_path, capsys):
         for overwrite in ([], ["--overwrite"]):
             code, _, err = run(fold, ["--ckpt", ckpt, "--out", out, *overwrite], capsys)
             assert code == 1 and err == f"error: --out {out} is the input checkpoint; write the folded one next to it, " \
-                                        "e.g. --out=out-dlr/folded.pt\n"
+                                        f"e.g. --out={tmp_path / 'folded.pt'}\n"
+    named_folded = shutil.copyfile(ckpt, tmp_path / "folded.pt")  # the suggestion must not be the input again
+    code, _, err = run(fold, ["--ckpt", named_folded, "--out", named_folded], capsys)
+    assert code == 1 and err.endswith(f"e.g. --out={tmp_path / 'folded_folded.pt'}\n")
     assert ckpt.read_bytes() == before and os.path.samefile(ckpt, tmp_path / "hardlink.pt")
 
 
@@ -439,8 +443,15 @@ def test_init_from_gpt2_decodes_with_gpt2(capsys, monkeypatch, gpt2_offline):
 
 
 def test_missing_checkpoint_is_one_line(tmp_path, capsys):
+    """The line says how to make the checkpoint it looked for: train.py writes OUT_DIR/ckpt.pt, so a --ckpt
+    of another name is a path to check, not an out_dir to train into."""
     code, out, err = run(sample, ["--out_dir", tmp_path / "nowhere"], capsys)
-    assert code == 1 and out == "" and err.startswith("error: no checkpoint at") and err.count("\n") == 1
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err == f"error: no checkpoint at {tmp_path / 'nowhere' / 'ckpt.pt'}: check the path, or train one first " \
+                  f"(python train.py --out_dir={tmp_path / 'nowhere'} writes it)\n"
+    code, out, err = run(sample, ["--ckpt", tmp_path / "nothere.pt"], capsys)
+    assert code == 1 and err == f"error: no checkpoint at {tmp_path / 'nothere.pt'}: check the path, or train one " \
+                                "first (python train.py --out_dir=DIR writes DIR/ckpt.pt)\n"
 
 
 def test_unknown_tokenizer_is_one_line(tmp_path, capsys):

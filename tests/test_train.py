@@ -272,6 +272,7 @@ def test_resume_refuses_what_it_cannot_change(data, tmp_path, changed):
     key = changed[2:].split("=")[0]
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"init_from=resume continues the run in {tmp_path} as it was, but {key}=" in result.stderr
+    assert result.stderr.endswith(f"start a new run from it with --init_from={tmp_path / 'ckpt.pt'} and another out_dir\n")
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
 
 
@@ -340,6 +341,12 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     shutil.copyfile(tmp_path / "ckpt.pt", tmp_path / "other.pt")  # another checkpoint, evaluated beside it
     result = train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", cwd=tmp_path)
     assert "val loss" in result.stdout and "done: 0 iterations" in result.stdout  # evaluated, not trained (max_iters=4)
+    assert "evaluating on cpu" in result.stdout and "training on" not in result.stdout and "note:" not in result.stdout
+    other_data = make_dataset(tmp_path / "other_data")  # the same tokens: only the note differs
+    result = train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", f"--dataset={other_data}",
+                   cwd=tmp_path)
+    assert f"note: {tmp_path / 'other.pt'} was trained on {data}; this evaluates it on {other_data} " \
+           f"(--dataset={data} for its own)" in result.stdout
     # and the run's own, by its path: eval_only writes nothing, so it cannot overwrite what it reads
     assert "val loss" in train(*common, f"--init_from={tmp_path / 'ckpt.pt'}", "--eval_only=True", cwd=tmp_path).stdout
     assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
@@ -663,6 +670,8 @@ def bad_inputs(data, tmp_path):
         "vocab mismatch": (["--vocab_size=32"], "does not fit the model's vocab_size=32"),
         "tokenizer mismatch": ([f"--dataset={wrong_data}", f"--init_from={source}"], "trained on bytes tokens"),
         "shape mismatch": ([f"--init_from={source}", "--n_embd=48", "--n_head=2"], "do not match"),
+        "context past the source's": ([f"--init_from={source}", "--block_size=40"],
+                                      "longer than the context of " + f"{source}, 32: set --block_size=32 or less"),
         "no checkpoint to resume": (["--init_from=resume"], "no checkpoint at"),
         "too short for block_size": (["--block_size=5000"], "hold no window of block_size + 1"),
         "compile_sublayers alone": (["--compile_sublayers=True"], "set compile=True as well"),
