@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 from common import (NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, hms, once_per_node, peak_flops,
                     process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
-from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, converts_exactly, download_gpt2, load_checkpoint, load_gpt2,
-                        load_state_into, save_checkpoint)
+from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
+                        load_gpt2, load_state_into, save_checkpoint)
 from download import DownloadError
 from model import GPT, GPTConfig
 from prepare import DATA_ROOT, DATASETS, prepare
@@ -41,9 +41,9 @@ from shards import ShardError, find_shards, load_meta, read_shard
 # default config values: the default run, a small delta model on pydocs (offline) in a few minutes on a CPU
 # I/O
 out_dir = "out"  # ckpt.pt and log.jsonl go here
-eval_interval = 500  # evaluate at the first iteration, every this many and at the end; checkpoint there
+eval_interval = 500  # evaluate at the first iteration, every this many and at the end; checkpoint there (not at the start)
 log_interval = 10  # a progress line every this many iterations
-eval_iters = 20  # batches per evaluation, always the same windows
+eval_iters = 20  # batches of each split per evaluation, always the same windows
 eval_only = False  # evaluate once, then exit
 always_save_checkpoint = True  # False: save only when the val loss improves
 init_from = "scratch"  # scratch | resume | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | path/to/ckpt.pt
@@ -158,11 +158,11 @@ if dtype == "float16" and device_type not in ("cuda", "cpu"):  # (torch's gradie
         f"on {device_type}")
 if compile_sublayers and not compile:
     die("compile_sublayers=True chooses what compile=True compiles: set compile=True as well")
-if gradient_accumulation_steps % world_size:
-    die(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the {world_size} ranks")
 for key in ("batch_size", "block_size", "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps"):
     if not config[key] > 0:  # (not <= 0: nan is refused too)
         die(f"{key}={config[key]} must be positive")
+if gradient_accumulation_steps % world_size:
+    die(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the {world_size} ranks")
 for key in ("learning_rate", "min_lr", "seed", "max_iters", "warmup_iters", "lr_decay_iters", "weight_decay",
             "res_query_lr_mult", "grad_clip", "peak_tflops"):  # (learning_rate=0: a frozen model, as the seeding tests use)
     if not config[key] >= 0:
@@ -234,14 +234,15 @@ for split, shards in data.items():
     if not data[split]:
         die(f"the {split} shards of {data_dir} hold no window of block_size + 1 = {block_size + 1} tokens: "
             f"lower block_size or prepare more data")
-# window i of a split is window i - first[k] of its shard k; shard k holds len - block_size of them
-first = {split: np.cumsum([0] + [len(s) - block_size for s in shards]) for split, shards in data.items()}
+# window i of a split is window i - first_window[k] of its shard k; shard k holds len - block_size of them, and
+# first_window[-1] counts the split's windows
+first_window = {split: np.cumsum([0] + [len(s) - block_size for s in shards]) for split, shards in data.items()}
 
 
 def get_batch(split, windows):
     """x, y for the given window indices of a split (y is x shifted by one token)."""
-    shard = np.searchsorted(first[split], windows, side="right") - 1
-    rows = [data[split][k][i:i + block_size + 1] for k, i in zip(shard, windows - first[split][shard])]
+    shard = np.searchsorted(first_window[split], windows, side="right") - 1
+    rows = [data[split][k][i:i + block_size + 1] for k, i in zip(shard, windows - first_window[split][shard])]
     tokens = np.stack(rows)
     if tokens.max() >= meta["vocab_size"]:  # (a few thousand numbers on the CPU: nothing next to a step)
         k = shard[int(tokens.max(axis=1).argmax())]
@@ -264,13 +265,13 @@ data_rng = np.random.default_rng(seed)
 
 
 def train_batches():
-    windows = data_rng.integers(0, first["train"][-1], size=(gradient_accumulation_steps, batch_size))
+    windows = data_rng.integers(0, first_window["train"][-1], size=(gradient_accumulation_steps, batch_size))
     return [get_batch("train", w) for w in windows[rank::world_size]]
 
 
 # Evaluation windows: eval_iters batches spread evenly over each split, the same in every
 # evaluation, run and mode, so that losses compare.
-eval_windows = {split: np.linspace(0, first[split][-1] - 1, eval_iters * batch_size).astype(np.int64)
+eval_windows = {split: np.linspace(0, first_window[split][-1] - 1, eval_iters * batch_size).astype(np.int64)
                 .reshape(eval_iters, batch_size) for split in data}
 
 # -----------------------------------------------------------------------------
@@ -309,7 +310,8 @@ else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (RE
             # to the CPU: ours are saved there, but another's (nanoGPT's) may hold GPU tensors, which would
             # take GPU memory beside the model's
             ckpt = load_checkpoint(init_from, map_location="cpu")
-            source_args, state = ckpt["model_args"], ckpt["model"]
+            # nanoGPT saves its compiled model, whose names start with _orig_mod., and no routing settings
+            source_args, state = {**DEFAULT_ARGS, **ckpt["model_args"]}, clean_state_dict(ckpt["model"])
             source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
             source_dataset = ckpt.get("config", {}).get("dataset")
             if eval_only and source_dataset not in (None, dataset) and master:  # (fine-tuning on other data is the point)
@@ -362,7 +364,8 @@ if init_from == "resume":
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
     except ValueError as e:
-        die(f"the optimizer state in {ckpt_path} does not fit the model ({e})")
+        die(f"the optimizer state in {ckpt_path} does not fit the model ({e}): it cannot be resumed; start a new run "
+            f"from it with --init_from={ckpt_path} and another out_dir")
     if ckpt.get("scaler"):  # empty when the run was not float16
         scaler.load_state_dict(ckpt["scaler"])
     data_rng.bit_generator.state = ckpt["data_rng"]
@@ -376,6 +379,7 @@ if init_from == "resume":
               "the training windows continue exactly, the dropout streams start afresh")
 ckpt = state = None  # free the memory
 start_iter = iter_num
+saved_iter = iter_num if init_from == "resume" else None  # the iteration of the checkpoint in out_dir, if ours
 # One model under three names: raw_model is the module (its weights, config, routing statistics, clipping),
 # model what evaluates (compiled or not), train_model what trains (model, wrapped in DDP under torchrun)
 if compile and compile_sublayers:  # a compile as short at any depth (model.compile_sublayers; docs/speed.md)
@@ -433,15 +437,25 @@ def routing():
     return raw_model.last_routing
 
 
+log_failure = None  # under torchrun: rank 0's failed log write, until the ranks next meet (see log_event)
+
+
 def log_event(**record):
     """Append one JSON line to out_dir/log.jsonl (rank 0), and send its numbers to wandb if it logs."""
+    global log_failure
     if writes_log:
         try:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-        except OSError as e:  # (rank 0 alone writes it: under torchrun, torchrun then ends the others)
-            die(f"could not write {log_path} ({e.strerror or e}): free space or make {out_dir} writable, "
-                f"then continue the run with --init_from=resume")
+        except OSError as e:  # a full disk, a folder made read-only
+            then = (f"continue from {ckpt_path} (iter {saved_iter}) with --init_from=resume" if saved_iter is not None
+                    else "start the run again (nothing is saved yet)")
+            failed = f"could not write {log_path} ({e.strerror or e}): free space or make {out_dir} writable, then {then}"
+            if not ddp:
+                die(failed)
+            # rank 0 alone writes the log: stopping here would leave the other ranks in a collective. Every rank
+            # stops together at the next log line (agree_on_stop) or save (save_run), before anything is saved.
+            log_failure = log_failure or failed
     if wandb_run is not None and record["event"] in ("train", "eval"):
         wandb_run.log(wandb_numbers(record), step=record["iter"])
     elif wandb_run is not None and record["event"] == "done":
@@ -549,12 +563,23 @@ if writes_log:
             f.truncate(log_bytes)
     elif init_from != "resume":
         log_path.unlink(missing_ok=True)
-wandb_run = None
+wandb_run, wandb_failed = None, None
 if wandb_log and writes_log:
     resume_id = wandb_run_id if init_from == "resume" else None
-    wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir.resolve().name,
-                           group=wandb_group or None, config=config,
-                           **(dict(id=resume_id, resume="allow") if resume_id else {}))
+    try:
+        wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir.resolve().name,
+                               group=wandb_group or None, config=config,
+                               **(dict(id=resume_id, resume="allow") if resume_id else {}))
+    except Exception as e:  # (wandb has errors of its own kinds: no login, no network, a bad project name)
+        why = (str(e).strip().splitlines() or [""])[0]
+        wandb_failed = (f"wandb could not start the run ({type(e).__name__}: {why}): run `wandb login`, set "
+                        "WANDB_MODE=offline, or drop wandb_log")
+if ddp and wandb_log:  # rank 0 alone starts it: every rank stops with it, rather than wait in the next collective
+    box = [wandb_failed]
+    dist.broadcast_object_list(box, src=0)
+    wandb_failed = box[0]
+if wandb_failed:
+    die(wandb_failed)
 # the first line says which code, machine and settings made the run (a resume adds one for its own start)
 log_event(event="start" if init_from != "resume" else "resume", iter=iter_num, **provenance(device), config=config)
 
@@ -578,8 +603,8 @@ def save_run(log_bytes):
         dist.all_gather_object(rngs, rng)  # every rank's dropout stream
     else:
         rngs = [rng]
-    failed = None
-    if master:
+    failed = log_failure  # (under torchrun: a log write that failed since the ranks last met; nothing is saved)
+    if master and not failed:
         run_state = {
             "model": raw_model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -632,15 +657,21 @@ def request_stop(signum, frame):
 
 def agree_on_stop():
     """Whether to stop at this log line: a signal came. Under torchrun the ranks agree (one small all-reduce),
-    so that a rank that missed the signal, or got it later, stops with the others."""
+    so that a rank that missed the signal, or got it later, stops with the others; a failed log write on
+    rank 0 (log_event) stops every rank here, with its line."""
     global stop_signal, stop_time
     if not ddp:
         return stop_signal is not None
-    received = torch.tensor(stop_signal.value if stop_signal is not None else 0, device=device)
+    received = torch.tensor([stop_signal.value if stop_signal is not None else 0, log_failure is not None], device=device)
     dist.all_reduce(received, op=dist.ReduceOp.MAX)
-    if received.item() > 0 and stop_signal is None:  # another rank's signal
-        stop_signal, stop_time = signal.Signals(received.item()), time.time()
-    return received.item() > 0
+    signum, log_failed = received.tolist()
+    if log_failed:
+        box = [log_failure]
+        dist.broadcast_object_list(box, src=0)
+        die(box[0])
+    if signum > 0 and stop_signal is None:  # another rank's signal
+        stop_signal, stop_time = signal.Signals(signum), time.time()
+    return signum > 0
 
 
 # (while training only, and not where the signal is ignored: a shell starts a background job with SIGINT ignored)
@@ -649,13 +680,13 @@ for sig, handler in handlers.items():
     if not eval_only and handler is not signal.SIG_IGN:
         signal.signal(sig, request_stop)
 
-peak, peak_source = peak_flops(device, dtype, peak_tflops)
-if master:
-    print(f"MFU against {peak / 1e12:.3g} TFLOP/s per device, from {peak_source}")
-peak *= world_size
+if not eval_only:  # (eval_only trains nothing: no MFU to measure against)
+    peak, peak_source = peak_flops(device, dtype, peak_tflops)
+    if master:
+        print(f"MFU against {peak / 1e12:.3g} TFLOP/s per device, from {peak_source}")
+    peak *= world_size
 t_start = t_last = time.time()
 iters_since_log, val_loss, first_val = 0, None, None
-saved_iter = iter_num if init_from == "resume" else None  # the iteration of the checkpoint in out_dir, if ours
 unread = None  # (iter, loss on the host, its event): the last iteration whose loss is not checked yet
 while True:
 
@@ -705,6 +736,8 @@ while True:
         if ddp:
             dist.barrier()
             dist.destroy_process_group()
+        if log_failure:  # ("stopped" not logged: the ranks have met for the last time)
+            die(log_failure)
         sys.exit(128 + stop_signal.value)  # the shell's code for a run ended by that signal: not finished
 
     # one iteration: gradient_accumulation_steps micro-batches over all ranks, one optimizer step
@@ -767,7 +800,7 @@ if master:
     print(f"\ndone: {iters_run} iterations in {took}"
           + (f" ({iters_run * tokens_per_iter / elapsed:,.0f} tokens/s overall)" if iters_run else ""))
     print(f"val loss {val_loss:.4f} (best {best_val_loss:.4f}; {first_val:.4f} at iter {start_iter})")
-    if stats and summary:
+    if stats:  # (the last evaluation's routing)
         deep = stats[summary["deepest"]]
         print(f"routing: the deepest routed sublayer puts {deep['max_weight']:.2f} of its weight on one of its "
               f"{deep['sources']} sources (uniform would be {1 / deep['sources']:.2f}); mean normalised entropy "
@@ -780,3 +813,5 @@ if wandb_run is not None:
 if ddp:
     dist.barrier()  # tear down together: a gloo rank destroyed while a peer still writes can abort at exit
     dist.destroy_process_group()
+if log_failure:  # ("done" not logged: the ranks have met for the last time)
+    die(log_failure)

@@ -291,6 +291,14 @@ def test_resume_refuses_every_setting_that_decides_batches_or_adamws_state(data,
         assert result.returncode == 1 and result.stderr.count("\n") == 1, (changed, result.stderr)
         assert f"as it was, but {key}=" in result.stderr, (changed, result.stderr)
     assert ((tmp_path / "out" / "ckpt.pt").read_bytes(), (tmp_path / "out" / "log.jsonl").read_bytes()) == before
+    ckpt = load_checkpoint(tmp_path / "out" / "ckpt.pt")  # an optimizer state that does not fit: said, and what to do
+    ckpt["optimizer"]["param_groups"] = ckpt["optimizer"]["param_groups"][:-1]
+    save_checkpoint(ckpt, tmp_path / "out" / "ckpt.pt")
+    result = train(*common, "--max_iters=4", "--init_from=resume", cwd=tmp_path, ok=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: the optimizer state in {tmp_path / 'out' / 'ckpt.pt'} does not fit the model")
+    assert result.stderr.endswith(f"start a new run from it with --init_from={tmp_path / 'out' / 'ckpt.pt'} and another "
+                                  "out_dir\n")
 
 
 def test_resume_reads_a_checkpoint_from_before_a_model_setting(data, tmp_path):
@@ -342,6 +350,7 @@ def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     result = train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", cwd=tmp_path)
     assert "val loss" in result.stdout and "done: 0 iterations" in result.stdout  # evaluated, not trained (max_iters=4)
     assert "evaluating on cpu" in result.stdout and "training on" not in result.stdout and "note:" not in result.stdout
+    assert "MFU" not in result.stdout  # (nothing trains: no peak measured)
     other_data = make_dataset(tmp_path / "other_data")  # the same tokens: only the note differs
     result = train(*common, f"--init_from={tmp_path / 'other.pt'}", "--eval_only=True", f"--dataset={other_data}",
                    cwd=tmp_path)
@@ -563,6 +572,26 @@ def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
         assert {k: config[k] for k in ckpt["model_args"]} == ckpt["model_args"]
 
 
+def test_a_nanogpt_checkpoint_converts(data, tmp_path):
+    """nanoGPT's checkpoints: a compiled model's names (every one prefixed _orig_mod.) and model_args without this
+    project's settings. Loaded as attnres they keep their loss; with another n_head they load with the note."""
+    source = standard_checkpoint(tmp_path / "source.pt", data)
+    ckpt = load_checkpoint(source)
+    nanogpt = tmp_path / "nanogpt.pt"
+    save_checkpoint(dict(model={"_orig_mod." + k: v for k, v in ckpt["model"].items()}, iter_num=0, best_val_loss=0.0,
+                         model_args={k: ckpt["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "block_size",
+                                                                           "bias", "vocab_size", "dropout")}), nanogpt)
+    val = {}
+    for name, path in (("ours", source), ("nanogpt", nanogpt)):
+        train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / name}", f"--init_from={path}", "--residual=attnres",
+              "--max_iters=0", cwd=tmp_path)
+        val[name] = events(tmp_path / name, "eval")[0]["val_loss"]
+    assert val["nanogpt"] == val["ours"]
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'heads'}", f"--init_from={nanogpt}", "--n_head=4",
+                   "--max_iters=0", cwd=tmp_path)
+    assert f"note: {nanogpt} (standard, res_blocks=0) loaded as this model" in result.stdout
+
+
 @pytest.mark.parametrize("log_interval", [1, 100])
 def test_nonfinite_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path, log_interval):
     """A loss is read at its log line, or else one iteration late: either way the lost iteration is the one
@@ -721,6 +750,42 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(data, tmp
     assert sorted(p.name for p in out.iterdir()) == ["log.jsonl"]
 
 
+def test_a_log_that_cannot_be_written_stops_every_rank_in_one_line_that_says_how_to_go_on(data, tmp_path):
+    """A log.jsonl that stops growing (a file-size limit just above its size, as a full disk) stops the run with one
+    line: continue from the checkpoint it holds, or start again when nothing is saved. Under torchrun only rank 0
+    writes the log, and every rank stops with its line, at the next log line, and saves nothing more."""
+    import resource
+
+    def limit(size):
+        def small_files():  # (SIGXFSZ ignored: a write past the limit then fails with EFBIG, as ENOSPC would)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        return small_files
+
+    out = tmp_path / "out"
+    common = [*TINY, f"--dataset={data}", f"--out_dir={out}", "--eval_interval=2", "--gradient_accumulation_steps=2"]
+    run = lambda *args, command=(sys.executable, str(TRAIN)), size: subprocess.run(
+        [*command, *common, *args], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+        preexec_fn=limit(size))
+    result = run("--max_iters=2", size=200)  # the first line, the run's settings, does not fit
+    assert result.returncode == 1 and result.stderr == (
+        f"error: could not write {out / 'log.jsonl'} (File too large): free space or make {out} writable, then start "
+        "the run again (nothing is saved yet)\n")
+    shutil.rmtree(out)
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    before = (out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()
+    resume = f"continue from {out / 'ckpt.pt'} (iter 2) with --init_from=resume\n"
+    result = run("--max_iters=4", "--init_from=resume", size=len(before[1]) + 100)  # the resume line does not fit
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and result.stderr.endswith(resume), result.stderr
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN))
+    result = run("--max_iters=4", "--init_from=resume", command=torchrun, size=len(before[1]) + 100)
+    assert result.returncode != 0
+    for rank in (0, 1):  # (then torchrun's own report of the failed workers)
+        assert (f"[rank {rank}] error: could not write {out / 'log.jsonl'} (File too large): free space or make {out} "
+                f"writable, then {resume}") in result.stderr, result.stderr
+    assert (out / "ckpt.pt").read_bytes() == before[0]
+
+
 def test_a_token_beyond_the_vocabulary_is_a_one_line_error(tmp_path):
     """A shard whose tokens do not fit its meta.json's vocabulary (damaged, or another tokenizer's) is named in
     one line, where the embedding would fail with an index error."""
@@ -876,6 +941,27 @@ def test_wandb_missing_is_a_one_line_error(data, tmp_path):
     assert result.stderr.startswith("error: wandb_log=True needs the wandb package: pip install wandb")
     train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1", cwd=tmp_path,
           env={"PYTHONPATH": str(fake.parent)})  # without wandb_log, never imported
+
+
+def test_a_wandb_run_that_cannot_start_stops_every_rank_in_one_line(data, tmp_path):
+    """wandb.init failing (no login, no network: here a stand-in wandb that raises as the real one does without a key)
+    is one line saying what to do, on every torchrun rank: rank 0 alone starts the wandb run, and a rank left
+    waiting in a collective would die in a traceback."""
+    fake = tmp_path / "failing_wandb" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("class UsageError(Exception):\n    pass\n\n\ndef init(**kwargs):\n"
+                                      "    raise UsageError('No API key configured. Use `wandb login` to log in.\\nmore')\n")
+    line = ("error: wandb could not start the run (UsageError: No API key configured. Use `wandb login` to log in.): "
+            "run `wandb login`, set WANDB_MODE=offline, or drop wandb_log\n")
+    args = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--wandb_log=True", "--gradient_accumulation_steps=2"]
+    result = train(*args, cwd=tmp_path, ok=False, env={"PYTHONPATH": str(fake.parent)})
+    assert result.returncode == 1 and result.stderr == line
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN))
+    result = train(*args, command=torchrun, cwd=tmp_path, ok=False, env={"PYTHONPATH": str(fake.parent)})
+    for rank in (0, 1):
+        assert f"[rank {rank}] {line}" in result.stderr, result.stderr
+    result = train(*TINY, f"--dataset={data}", "--gradient_accumulation_steps=-1", command=torchrun, cwd=tmp_path, ok=False)
+    assert "[rank 0] error: gradient_accumulation_steps=-1 must be positive" in result.stderr  # (not: a multiple of 2)
 
 
 def test_a_checkpoint_given_as_a_config_file_is_one_line(tmp_path, capsys):
