@@ -110,6 +110,7 @@ RESUMED_AS_TRAINED = ("dataset", "gradient_accumulation_steps", "batch_size", "b
 NOT_RESUMED = ("init_from", "out_dir", "eval_only", "cache_dir", "device")  # (the device is stored resolved: cuda:0)
 model_keys = [f.name for f in fields(GPTConfig)]
 ckpt_path, log_path = Path(config["out_dir"]) / "ckpt.pt", Path(config["out_dir"]) / "log.jsonl"
+new_run_from_it = f"start a new run from it with --init_from={ckpt_path} and another out_dir"  # (what resume cannot do)
 ckpt = None
 if config["init_from"] == "resume":
     try:
@@ -118,8 +119,7 @@ if config["init_from"] == "resume":
         die(e)
     lacking = [k for k in ("optimizer", "iter_num", "rng", "data_rng", "log_bytes", "config") if k not in ckpt]
     if lacking:
-        die(f"{ckpt_path} cannot be resumed (it has no {', '.join(lacking)}; train.py did not write it): "
-            f"start from it with --init_from={ckpt_path} and another out_dir")
+        die(f"{ckpt_path} cannot be resumed (it has no {', '.join(lacking)}; train.py did not write it): {new_run_from_it}")
     trained, changed = ckpt["config"], []
     for k in config:
         if k in NOT_RESUMED or k not in trained or trained[k] == config[k]:
@@ -128,8 +128,7 @@ if config["init_from"] == "resume":
             config[k] = trained[k]
         elif k in RESUMED_AS_TRAINED:
             die(f"init_from=resume continues the run in {config['out_dir']} as it was, but {k}={config[k]!r} differs "
-                f"from its {trained[k]!r}: drop {k}, or start a new run from it with --init_from={ckpt_path} "
-                "and another out_dir")
+                f"from its {trained[k]!r}: drop {k}, or {new_run_from_it}")
         elif k not in model_keys or k == "dropout":  # (other model keys: checked when the model is built)
             changed.append(f"{k} {trained[k]!r} -> {config[k]!r}")
     if changed and int(os.environ.get("RANK", 0)) == 0:
@@ -227,8 +226,7 @@ for split, shards in data.items():
             f"shards were added or removed since it was written (an interrupted prepare?); prepare it again")
     if ckpt is not None and ckpt.get("dataset_meta", {}).get(f"{split}_tokens", counted) != counted:
         die(f"{data_dir} holds {counted:,} {split} tokens, {ckpt['dataset_meta'][f'{split}_tokens']:,} when the run in "
-            f"{out_dir} was trained: its batches would differ; start a new run from it with --init_from={ckpt_path} "
-            "and another out_dir")
+            f"{out_dir} was trained: its batches would differ; {new_run_from_it}")
     # a window is block_size + 1 tokens (inputs, and targets shifted by one); shorter shards hold none
     data[split] = [s for s in shards if len(s) > block_size]
     if not data[split]:
@@ -290,7 +288,7 @@ elif init_from == "resume":  # (the checkpoint is loaded above, with the run's s
         was = model_args.get(k, DEFAULT_ARGS[k])  # (a checkpoint from before a GPTConfig field: its default)
         if v != was and k != "dropout":
             die(f"init_from=resume continues the run in {out_dir} as it was, but {k}={v!r} differs from its "
-                f"{was!r}: drop {k}, or start a new run from it with --init_from={ckpt_path} and another out_dir")
+                f"{was!r}: drop {k}, or {new_run_from_it}")
     model_args = {**model_args, **model_overrides}
     iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
     source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
@@ -364,8 +362,7 @@ if init_from == "resume":
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
     except ValueError as e:
-        die(f"the optimizer state in {ckpt_path} does not fit the model ({e}): it cannot be resumed; start a new run "
-            f"from it with --init_from={ckpt_path} and another out_dir")
+        die(f"the optimizer state in {ckpt_path} does not fit the model ({e}): it cannot be resumed; {new_run_from_it}")
     if ckpt.get("scaler"):  # empty when the run was not float16
         scaler.load_state_dict(ckpt["scaler"])
     data_rng.bit_generator.state = ckpt["data_rng"]
