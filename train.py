@@ -391,6 +391,11 @@ no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in i
 train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True,
                   **no_buffer_sync) if ddp else model
 
+# -----------------------------------------------------------------------------
+# What the training loop calls: the schedule, evaluation, the log, the loss checks and the checkpoint. They
+# read the run's state as module globals, some set further down where the run starts (writes_log, wandb_run,
+# t_start): defined here so the loop below reads as the steps it takes.
+
 
 def get_lr(it):
     """Linear warmup (learning_rate / (warmup_iters + 1) at step 0, never 0), then cosine down to min_lr."""
