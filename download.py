@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 
 from common import durable_replace, write_atomic
 
@@ -72,7 +73,8 @@ def _published_sha256(response):
     return None
 
 
-def _sha256_of(path):
+def sha256_of(path):
+    """The hex sha256 of a file's bytes, read a MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -83,7 +85,7 @@ def _sha256_of(path):
 def _check_sha256(part, sha256):
     """Raise _Retry, deleting part, if its bytes do not hash to sha256: a file of the right length
     with the wrong bytes (a bad proxy, a flipped bit on disk) must not look finished."""
-    if _sha256_of(part) != sha256:
+    if sha256_of(part) != sha256:
         part.unlink()
         raise _Retry(f"the bytes received do not match the sha256 the server published ({sha256[:12]}...)")
 
@@ -191,8 +193,11 @@ def _attempt(url, part, timeout, desc, quiet):
         raise _Retry(f"cannot reach host {urlsplit(url).netloc} ({_reason(e)})") from None
     except requests.exceptions.Timeout:
         raise _Retry(f"no answer from {urlsplit(url).netloc} within {timeout} s") from None
-    except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL):
+    except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL,
+            urllib3.exceptions.LocationValueError):  # (urllib3's: a host it cannot parse, such as a..b)
         raise _NotAnURL() from None
+    except requests.exceptions.TooManyRedirects:  # a loop: asking again loops again
+        raise _Refused(f"{url} redirects too many times (a redirect loop?): check the address") from None
     except requests.exceptions.RequestException as e:
         raise _Retry(f"{type(e).__name__}: {_reason(e)}") from None
     size = part.stat().st_size
@@ -224,7 +229,7 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
         if not record.exists():
             return dest
         recorded = record.read_text().split(" ", 1)[0]
-        if _sha256_of(dest) == recorded:
+        if sha256_of(dest) == recorded:
             return dest
         # a flipped bit on disk, or a file replaced by hand: the record says these are not the bytes fetched
         if not quiet:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common import die, durable_replace
-from download import DownloadError, download
+from download import DownloadError, download, sha256_of
 from shards import (DATA_ROOT, ShardError, find_shards, get_tokenizer, load_meta, read_shard,
                     write_meta, write_shard)
 
@@ -131,21 +131,28 @@ def finish(data_dir, meta):
     log(f"wrote {data_dir}")
 
 
+def is_complete(data_dir):
+    """True if data_dir holds a dataset train.py trains on, whoever made it: a meta.json, and valid shards that
+    hold the tokens it counts."""
+    try:
+        meta = load_meta(data_dir)
+        return all(sum(len(read_shard(p)) for p in find_shards(data_dir, split)) == meta[f"{split}_tokens"]
+                   for split in ("train", "val"))
+    except ShardError:
+        return False
+
+
 def is_prepared(data_dir, recipe):
     """True if data_dir holds a complete, valid dataset made by the same recipe."""
     try:
         meta = load_meta(data_dir)
         if meta.get("recipe") != recipe:
             return False
-        for split in ("train", "val"):
-            paths = find_shards(data_dir, split)
-            if [p.name for p in paths] != meta[f"{split}_files"]:
-                return False
-            if sum(len(read_shard(p)) for p in paths) != meta[f"{split}_tokens"]:
-                return False
-    except (ShardError, KeyError):
+        if any([p.name for p in find_shards(data_dir, split)] != meta.get(f"{split}_files") for split in ("train", "val")):
+            return False
+    except ShardError:
         return False
-    return True
+    return is_complete(data_dir)
 
 
 def dataset_meta(tok, source, recipe, command):
@@ -170,12 +177,12 @@ def prepare_pydocs(data_dir, tokenizer, val_fraction, recipe, command, **_):
                   dataset_meta(tok, source, recipe, command))
 
 
-def prepare_shakespeare(data_dir, tokenizer, val_fraction, recipe, command, url, **_):
+def prepare_shakespeare(data_dir, tokenizer, val_fraction, recipe, command, url, mirror, **_):
     tok = get_tokenizer(tokenizer)
     base = url or SHAKESPEARE_URL
     file_url = base if base.endswith("/input.txt") else base.rstrip("/") + "/input.txt"
     # the raw text stays next to the shards, so switching tokenizer does not download it again
-    text_path = download(file_url, data_dir / "input.txt", desc="tiny shakespeare", quiet=_quiet)
+    text_path = download(file_url, data_dir / "input.txt", desc="tiny shakespeare", quiet=_quiet, mirror=mirror)
     try:
         text = text_path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -189,7 +196,7 @@ def prepare_shakespeare(data_dir, tokenizer, val_fraction, recipe, command, url,
                   dataset_meta(tok, file_url, recipe, command))
 
 
-def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
+def prepare_fineweb(data_dir, name, shards, recipe, command, url, mirror, **_):
     spec = FINEWEB[name]
     base = (url or f"https://huggingface.co/datasets/{spec['repo']}/resolve/main").rstrip("/")
     files = [f"{spec['prefix']}_val_000000.bin"] + [f"{spec['prefix']}_train_{i:06d}.bin" for i in range(1, shards + 1)]
@@ -208,14 +215,14 @@ def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
                 log(f"{e}; downloading it again")
                 path.unlink()
         # a shard already here is checked against the sha256 it was downloaded with, fetched again if it differs
-        download(f"{base}/{file}", path, desc=f"{file} ({i + 1}/{len(files)})", quiet=_quiet)
+        download(f"{base}/{file}", path, desc=f"{file} ({i + 1}/{len(files)})", quiet=_quiet, mirror=mirror)
         try:
             read_shard(path)
         except ShardError:
             size = path.stat().st_size
             path.unlink()  # never leave a bad file under a name that looks complete
             raise ShardError(f"downloaded {file} from {base} is not a valid shard ({size:,} bytes, bad header or length); "
-                             "run again, or pass --url for a mirror") from None
+                             f"run again, or {mirror}") from None
     for file in files:
         for arrived in (file + ".sha256", file):  # its record first: a shard in the dataset never lacks its own
             if (incoming / arrived).exists():
@@ -224,7 +231,8 @@ def prepare_fineweb(data_dir, name, shards, recipe, command, url, **_):
         incoming.rmdir()
     extra = len(find_shards(data_dir, "train")) - shards
     if extra > 0:
-        log(f"note: keeping {extra} more train shard(s) from an earlier run; delete them to train on fewer")
+        log(f"note: keeping {extra} more train shard(s) from an earlier run; to train on fewer, delete them and run "
+            "this command again")
     # the published GPT-2 tokens, as tiktoken's gpt2 encoding numbers them
     finish(data_dir, dict(tokenizer="gpt2", vocab_size=50257, eot=50256, source=base, recipe=recipe, command=command))
 
@@ -284,12 +292,9 @@ def refuse_another_recipe(data_dir, recipe):
     """A complete dataset in data_dir made another way (other tokens, another split) is another dataset, which
     runs and checkpoints may depend on: never replaced silently. (More FineWeb shards, or changed --input
     files, make the same dataset anew.)"""
-    try:
-        held = load_meta(data_dir).get("recipe")
-    except ShardError:  # no meta.json, or an unusable one: nothing complete to keep
+    if not is_complete(data_dir):  # no meta.json, an unusable one, or shards it does not count: nothing to keep
         return
-    if not is_prepared(data_dir, held):
-        return
+    held = load_meta(data_dir).get("recipe")
     elsewhere = f"prepare into a folder of its own (--out {data_dir}_{recipe.get('tokenizer') or 'new'}), or delete {data_dir} first"
     if held is None:
         raise ValueError(f"{data_dir} holds a complete dataset that prepare.py did not make (its meta.json names no "
@@ -315,6 +320,9 @@ def prepare(name="pydocs", out=None, tokenizer=None, shards=None, inputs=None, u
     _quiet = quiet
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+    # where a bad mirror came from, for the download errors
+    mirror = "pass --url for a mirror" if url or not os.environ.get(URL_ENV) else \
+        f"check ${URL_ENV} ({os.environ[URL_ENV]}), or unset it to download from the dataset's home"
     url = url or os.environ.get(URL_ENV) or None
     command = f"python prepare.py {name}"
     if name in FINEWEB:
@@ -342,8 +350,8 @@ def prepare(name="pydocs", out=None, tokenizer=None, shards=None, inputs=None, u
         if val_fraction != DEFAULT_VAL_FRACTION:
             command += f" --val_fraction {val_fraction}"
     if name == "text":
-        # the same files at the same sizes count as the same input
-        recipe["inputs"] = [[str(p.resolve()), p.stat().st_size] for p in text_files(inputs)]
+        # the same files with the same bytes are the same input (an edit that keeps the size is another input)
+        recipe["inputs"] = [[str(p.resolve()), sha256_of(p)] for p in text_files(inputs)]
         command += " --input " + " ".join(map(str, inputs))
     elif inputs:
         raise ValueError(f"--input is for the text dataset, not {name}")
@@ -360,7 +368,7 @@ def prepare(name="pydocs", out=None, tokenizer=None, shards=None, inputs=None, u
     data_dir.mkdir(parents=True, exist_ok=True)
     log(f"preparing {name} ({tokenizer} tokens) in {data_dir}")
     DATASETS[name](data_dir=data_dir, tokenizer=tokenizer, name=name, shards=shards, inputs=inputs, url=url,
-                   val_fraction=val_fraction, recipe=recipe, command=command)
+                   mirror=mirror, val_fraction=val_fraction, recipe=recipe, command=command)
     return data_dir
 
 
@@ -382,8 +390,12 @@ def main():
     try:
         prepare(args.name, out=args.out, tokenizer=args.tokenizer, shards=args.shards, inputs=args.inputs,
                 url=args.url, val_fraction=args.val_fraction)
-    except (ValueError, DownloadError, OSError) as e:  # ShardError is a ValueError
+    except (ValueError, DownloadError) as e:  # ShardError is a ValueError
         die(e)
+    except OSError as e:  # a full disk, a folder that cannot be written, an input that cannot be read
+        out = args.out or DATA_ROOT / args.name
+        die(f"could not prepare {args.name} in {out} ({e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+            + "): fix that, then run the same command again")
     except KeyboardInterrupt:
         print("\ninterrupted: nothing half-written was left under a final name; run again to resume", file=sys.stderr)
         sys.exit(130)

@@ -51,13 +51,27 @@ def _command(data_dir):
     try:
         meta = json.loads((data_dir / "meta.json").read_text())
         if isinstance(meta, dict) and isinstance(meta.get("command"), str):
-            return meta["command"]
+            return _into(meta["command"], data_dir)
     except (OSError, ValueError):
         pass
     if data_dir.name in PREPARE_NAMES and data_dir.name != "text":  # text needs --input, which only the user knows
         out = "" if data_dir.resolve() == DATA_ROOT / data_dir.name else f" --out {data_dir}"
         return f"python prepare.py {data_dir.name}{out}"
     return None
+
+
+def _into(command, data_dir):
+    """A recorded prepare.py command made to write data_dir: the folder may have moved since (or the command's
+    --out was relative to another working folder), and the hint must remake this folder, not the old one."""
+    words = command.split()
+    out = words[words.index("--out") + 1] if "--out" in words[:-1] else None
+    wrote = Path(out) if out else DATA_ROOT / words[2] if len(words) > 2 else None
+    if wrote is not None and wrote.resolve() == data_dir.resolve():
+        return command
+    if out:
+        words[words.index("--out") + 1] = str(data_dir)
+        return " ".join(words)
+    return f"{command} --out {data_dir}"
 
 
 def _how_to_prepare(data_dir, again=False):

@@ -207,6 +207,9 @@ def prepare_pydocs():
             prepare("pydocs")
         except ValueError as e:
             die(e)
+        except OSError as e:  # a full disk, a folder that cannot be written
+            die(f"could not prepare pydocs in {data_dir} ({e.strerror or e}): free space or make it writable, then "
+                "run again")
 
 
 if dataset == "pydocs":

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import os
 import socket
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,18 @@ def test_download_404_fails_at_once_naming_the_url(tmp_path):
         assert server.count("/missing.bin") == 1  # no retries for a 404
     message = str(e.value)
     assert "404" in message and server.url + "/missing.bin" in message and "--url" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_redirect_loop_fails_at_once(tmp_path):
+    """A redirect loop loops again when asked again: one attempt, and one line that says so (it was retried 5 times,
+    then blamed on the network)."""
+    with LocalServer({}) as server:
+        server.redirect("/loop", "/loop")
+        with pytest.raises(DownloadError, match=rf"^{server.url}/loop redirects too many times \(a redirect loop\?\): "
+                                                "check the address, or pass --url for a mirror$"):
+            download(server.url + "/loop", tmp_path / "x", backoff=0, quiet=True)
+        assert 1 < server.count("/loop") <= 31  # requests' own limit of 30 redirects, once
     assert list(tmp_path.iterdir()) == []
 
 
@@ -251,11 +264,11 @@ def test_download_offline_says_which_host(tmp_path):
         download(f"http://127.0.0.1:{port}/x", tmp_path / "x", retries=1, backoff=0, quiet=True)
 
 
-@pytest.mark.parametrize("url", ["not a url/x", "ftp://127.0.0.1/x", "http:///x"])
+@pytest.mark.parametrize("url", ["not a url/x", "ftp://127.0.0.1/x", "http:///x", "http://a..b/x"])
 def test_a_malformed_url_fails_at_once_naming_its_setting(tmp_path, monkeypatch, url):
-    """No scheme, another scheme than http(s), no host: no retry can help (each used to be retried, then
-    blamed on the network), so the first attempt ends in one line with the caller's advice, which names
-    the setting the URL came from."""
+    """No scheme, another scheme than http(s), no host, a host that cannot be parsed: no retry can help (each
+    used to be retried, then blamed on the network; the last was urllib3's own error), so the first attempt ends
+    in one line with the caller's advice, which names the setting the URL came from."""
     import requests
     attempts = []
     real_get = requests.get
@@ -484,14 +497,16 @@ def test_another_tokenizer_never_replaces_a_prepared_dataset(tmp_path, play_serv
     assert tok.decode(tokens_of(gpt2, "val").tolist()) == PLAY[cut:]
 
 
-def test_a_dataset_made_by_hand_is_never_replaced(tmp_path):
+@pytest.mark.parametrize("files_listed", [True, False])
+def test_a_dataset_made_by_hand_is_never_replaced(tmp_path, files_listed):
     """A complete dataset whose meta.json names no recipe (shards and meta.json written by hand, under the
-    names prepare.py would use) is not prepare.py's to replace."""
+    names prepare.py would use) is not prepare.py's to replace: complete as train.py judges it, by the four keys
+    docs/usage.md asks for and the tokens they count, whether or not it lists its files as prepare.py does."""
     data_dir = tmp_path / "t"
     write_shard(data_dir / "text_train_000000.bin", np.arange(100))
     write_shard(data_dir / "text_val_000000.bin", np.arange(10))
-    write_meta(data_dir, dict(tokenizer="bytes", vocab_size=256, train_tokens=100, val_tokens=10,
-                              train_files=["text_train_000000.bin"], val_files=["text_val_000000.bin"]))
+    listed = dict(train_files=["text_train_000000.bin"], val_files=["text_val_000000.bin"]) if files_listed else {}
+    write_meta(data_dir, dict(tokenizer="bytes", vocab_size=256, train_tokens=100, val_tokens=10, **listed))
     before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
     (tmp_path / "a.txt").write_text("some text\n" * 50)
     with pytest.raises(ValueError, match="holds a complete dataset that prepare.py did not make"):
@@ -504,6 +519,13 @@ def test_download_url_from_the_environment(tmp_path, play_server, monkeypatch):
     data_dir = prepare.prepare("shakespeare", out=tmp_path / "s", quiet=True)
     assert play_server.count("/input.txt") == 1
     assert load_meta(data_dir)["source"] == play_server.url + "/input.txt"
+    # a bad one: the error names the variable it came from, not --url, which was never passed
+    monkeypatch.setenv(prepare.URL_ENV, play_server.url + "/nowhere")
+    with pytest.raises(DownloadError, match=rf"HTTP 404 .*, or check \${prepare.URL_ENV} \({play_server.url}/nowhere\), "
+                                            "or unset it to download from the dataset's home$"):
+        prepare.prepare("shakespeare", out=tmp_path / "s2", quiet=True)
+    with pytest.raises(DownloadError, match="or pass --url for a mirror$"):  # --url given: it is the source
+        prepare.prepare("shakespeare", out=tmp_path / "s3", url=play_server.url + "/nowhere", quiet=True)
 
 
 # -----------------------------------------------------------------------------
@@ -534,6 +556,16 @@ def test_fineweb_keeps_published_names_and_reuses_what_it_has(tmp_path):
         prepare.prepare("fineweb10B", shards=3, out=tmp_path / "fw", url=server.url, quiet=True)
         assert [p for _, p, _ in server.requests[3:]] == ["/fineweb_train_000003.bin"]
         assert load_meta(data_dir)["train_tokens"] == 15_000
+
+    # fewer shards keep those here, and the note's way to train on fewer makes a dataset train.py takes
+    fewer = run_cli("fineweb10B", "--shards", "1", "--out", data_dir, "--url", "http://127.0.0.1:9/unused")
+    assert fewer.returncode == 0 and ("note: keeping 2 more train shard(s) from an earlier run; to train on fewer, "
+                                      "delete them and run this command again") in fewer.stdout + fewer.stderr
+    for extra in ("fineweb_train_000002.bin", "fineweb_train_000003.bin"):
+        (data_dir / extra).unlink()
+        (data_dir / (extra + ".sha256")).unlink(missing_ok=True)
+    assert run_cli("fineweb10B", "--shards", "1", "--out", data_dir, "--url", "http://127.0.0.1:9/unused").returncode == 0
+    assert prepare.is_complete(data_dir) and load_meta(data_dir)["train_tokens"] == 5000
 
 
 def test_fineweb_failed_extension_keeps_the_dataset(tmp_path):
@@ -574,19 +606,24 @@ def test_fineweb_extension_failing_partway_keeps_the_dataset_and_what_arrived(tm
     assert not (data_dir / ".incoming").exists()
 
 
+@pytest.mark.parametrize("complete", [True, False])
 @pytest.mark.parametrize("dataset", ["fineweb10B", "text"])
-def test_a_folder_holding_another_dataset_is_refused_and_left_as_it_was(tmp_path, dataset):
+def test_a_folder_holding_another_dataset_is_refused_and_left_as_it_was(tmp_path, dataset, complete):
     """Readers take every shard in a folder, so two datasets never share one: a prepare into another
     dataset's folder is refused before it changes anything there (it used to delete meta.json first, or,
-    for FineWeb, to add its shards to the other dataset's)."""
+    for FineWeb, to add its shards to the other dataset's), whether that one is complete (a meta.json that
+    counts its shards) or not."""
     data_dir = tmp_path / "mine"  # a dataset of one's own
     write_shard(data_dir / "mine_train_000000.bin", np.arange(100))
     write_shard(data_dir / "mine_val_000000.bin", np.arange(10))
-    write_meta(data_dir, dict(tokenizer="bytes", vocab_size=256, train_tokens=100, val_tokens=10))
+    if complete:
+        write_meta(data_dir, dict(tokenizer="bytes", vocab_size=256, train_tokens=100, val_tokens=10))
     before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
     (tmp_path / "other.txt").write_text("other text " * 100)
+    refusal = "holds a complete dataset that prepare.py did not make" if complete else \
+        "also holds mine_train_000000.bin, from another dataset"
     with LocalServer(fineweb_files(1)) as server:
-        with pytest.raises(ValueError, match="also holds mine_train_000000.bin, from another dataset"):
+        with pytest.raises(ValueError, match=refusal):
             if dataset == "text":
                 prepare.prepare("text", inputs=[tmp_path / "other.txt"], out=data_dir, quiet=True)
             else:
@@ -712,6 +749,11 @@ def test_text_large_input_is_sharded_and_stale_shards_removed(tmp_path, monkeypa
     prepare.prepare("text", inputs=[folder], out=tmp_path / "t", quiet=True)
     meta = load_meta(data_dir)
     assert meta["train_tokens"] + meta["val_tokens"] == sum(len(p.read_bytes()) for p in folder.rglob("*.txt")) + 2 * 2
+    stat = (folder / "b.txt").stat()
+    (folder / "b.txt").write_text("shirt now\n")  # the same size, even the same time: its bytes tell
+    os.utime(folder / "b.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    prepare.prepare("text", inputs=[folder], out=tmp_path / "t", quiet=True)
+    assert b"shirt now" in bytes(tokens_of(data_dir, "train").astype(np.uint8))  # (bytes tokens: one per byte)
     assert sorted(p.name for p in data_dir.glob("*.bin")) == sorted(meta["train_files"] + meta["val_files"])
     assert len(meta["train_files"]) == -(-meta["train_tokens"] // 300)
 
@@ -773,6 +815,32 @@ def test_cli_prepares_pydocs(tmp_path):
     result = run_cli("--out", tmp_path / "p")
     assert result.returncode == 0, result.stderr
     assert "train has" in result.stdout and (tmp_path / "p" / "meta.json").exists()
+
+
+def test_a_full_disk_is_one_line(tmp_path):
+    """A write that fails (a file-size limit standing in for a full disk) while preparing, from prepare.py or from
+    train.py preparing pydocs on a fresh machine (a copy of the code, so that its data/ is empty), is one line
+    that says what failed and what to do, not a traceback."""
+    import resource
+    import signal
+
+    def small_files():  # (SIGXFSZ ignored: a write past the limit then fails with EFBIG, as ENOSPC would)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+    (tmp_path / "a.txt").write_text("some text that does not fit\n" * 2_000)
+    result = subprocess.run([sys.executable, str(REPO / "prepare.py"), "text", "--input", str(tmp_path / "a.txt"), "--out",
+                             str(tmp_path / "t")], capture_output=True, text=True, timeout=60, preexec_fn=small_files)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr == f"error: could not prepare text in {tmp_path / 't'} (File too large): fix that, then run " \
+                            "the same command again\n"
+    code = tmp_path / "code"
+    code.mkdir()
+    for py in REPO.glob("*.py"):
+        shutil.copyfile(py, code / py.name)
+    result = subprocess.run([sys.executable, str(code / "train.py"), "--max_iters=1", "--device=cpu"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert result.returncode == 1 and result.stderr == (f"error: could not prepare pydocs in {code / 'data' / 'pydocs'} "
+                                                        "(File too large): free space or make it writable, then run again\n")
 
 
 def test_cli_errors_are_one_line(tmp_path):

@@ -148,11 +148,24 @@ def test_hints_name_a_command_that_exists(tmp_path, monkeypatch):
     with pytest.raises(ShardError, match=r"run `python prepare.py shakespeare` first$"):
         find_shards(named, "val")
 
-    write_meta(custom, {"command": "python prepare.py text --input notes/ --out llmc2"})
-    with pytest.raises(ShardError, match=r"does not exist: run `python prepare.py text --input notes/ --out llmc2` again"):
+    write_meta(custom, {"command": f"python prepare.py text --input notes/ --out {custom}"})
+    with pytest.raises(ShardError, match=re.escape(f"does not exist: run `python prepare.py text --input notes/ --out {custom}` again")):
         read_shard(custom / "llmc2_val_000000.bin")
-    with pytest.raises(ShardError, match=r"run `python prepare.py text --input notes/ --out llmc2` first"):
+    with pytest.raises(ShardError, match=re.escape(f"run `python prepare.py text --input notes/ --out {custom}` first")):
         find_shards(custom, "train")
+
+    # the recorded command remakes this folder, wherever it has moved since (or a relative --out pointed from)
+    for recorded in (f"python prepare.py shakespeare --out {tmp_path / 'old'} --url http://mirror/",
+                     "python prepare.py shakespeare --out old --url http://mirror/"):
+        write_meta(custom, {"command": recorded})
+        with pytest.raises(ShardError, match=re.escape(f"run `python prepare.py shakespeare --out {custom} --url http://mirror/` again")):
+            read_shard(custom / "llmc2_val_000000.bin")
+    write_meta(custom, {"command": "python prepare.py shakespeare --tokenizer gpt2"})  # made in data/, moved out
+    with pytest.raises(ShardError, match=re.escape(f"run `python prepare.py shakespeare --tokenizer gpt2 --out {custom}` again")):
+        read_shard(custom / "llmc2_val_000000.bin")
+    write_meta(named, {"command": "python prepare.py shakespeare"})  # still where it was made (tmp_path as data/)
+    with pytest.raises(ShardError, match=re.escape("run `python prepare.py shakespeare` again")):
+        read_shard(named / "shakespeare_val_000000.bin")
 
 
 def test_meta_round_trip_and_missing_meta(tmp_path):
@@ -190,8 +203,8 @@ def test_incomplete_or_odd_meta_is_a_one_line_error(tmp_path, meta, problem):
         load_meta(data_dir)
     message = str(e.value)
     assert message.startswith(f"{data_dir / 'meta.json'}") and problem in message and "\n" not in message
-    # the command meta.json records, else the one the folder's name implies (outside data/: with --out)
-    command = "python prepare.py shakespeare" + ("" if meta else f" --out {data_dir}")
+    # the command meta.json records, else the one the folder's name implies; outside data/ (as here), with --out
+    command = f"python prepare.py shakespeare --out {data_dir}"
     assert message.endswith(f"delete it and run `{command}` again")
 
 
