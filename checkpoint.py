@@ -58,6 +58,9 @@ def load_checkpoint(path, map_location="cpu"):
     """The checkpoint dict at path, or a one-line error that says what to do. Checkpoints are shared,
     and unpickling an arbitrary object can run any code: only plain data is let through."""
     path = Path(path)
+    if path.is_dir():
+        inside = f": pass its checkpoint, {path / 'ckpt.pt'}" if (path / "ckpt.pt").is_file() else ""
+        raise FileNotFoundError(f"{path} is a folder, not a checkpoint file{inside}")
     if not path.is_file():
         writes = f"--out_dir={path.parent} writes it" if path.name == "ckpt.pt" else "--out_dir=DIR writes DIR/ckpt.pt"
         raise FileNotFoundError(f"no checkpoint at {path}: check the path, or train one first (python train.py {writes})")
@@ -71,8 +74,8 @@ def load_checkpoint(path, map_location="cpu"):
                          "loaded and nothing in it ran: use a checkpoint written by train.py or fold.py") from None
     except Exception as e:  # truncated or not a torch file
         raise ValueError(f"cannot read checkpoint {path} ({type(e).__name__}: {e}); it is damaged, retrain or restore it") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
-        raise ValueError(f"{path} is not a checkpoint of this project (no 'model' and 'model_args' keys)")
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict) and isinstance(ckpt.get("model_args"), dict)):
+        raise ValueError(f"{path} is not a checkpoint of this project (no 'model' and 'model_args' dicts)")
     return ckpt
 
 
@@ -82,17 +85,17 @@ def _damaged_record(path):
     a bit flipped on a disk or in a copy would load as a wrong weight. Checking is one more read of the
     file, at several GB/s. A record whose CRC-32 is 0 has none to check: torch.save writes 0 when its
     compute_crc32 setting is off (and a real CRC-32 is 0 once in 4 billion records)."""
-    if not zipfile.is_zipfile(path):
-        return None  # the legacy (pre-zip) format, or no archive at all: torch.load says what it is
     try:
+        if not zipfile.is_zipfile(path):
+            return None  # the legacy (pre-zip) format, or no archive at all: torch.load says what it is
         with zipfile.ZipFile(path) as archive:
             for record in archive.infolist():
                 if record.CRC:
                     with archive.open(record) as f:
                         while f.read(1 << 24):  # at its end zipfile compares the CRC-32: BadZipFile if it differs
                             pass
-    except (zipfile.BadZipFile, EOFError) as e:  # a bad CRC-32, or a record's header itself broken
-        return f"{type(e).__name__}: {e}"
+    except Exception as e:  # a bad CRC-32, or the archive's own directory broken: then zipfile fails in many ways
+        return f"{type(e).__name__}: {e}"  # (another compression method, "encrypted", zlib's errors, a name not UTF-8)
     return None
 
 
@@ -256,7 +259,11 @@ def load_for_inference(init_from, path=None, device="cpu", cache_dir="cache"):
     else:
         model_args, state = load_gpt2(init_from, cache_dir)
         model = GPT(GPTConfig.from_dict(model_args))
-        load_state_into(model, state)
+        try:
+            load_state_into(model, state)
+        except ValueError as e:  # (no setting of the user's shapes GPT-2: the file in the cache is not its weights)
+            raise ValueError(f"{Path(cache_dir) / f'{init_from}.safetensors'} does not hold {init_from}'s weights "
+                             f"({str(e).split(';')[0]}): delete it to download it again") from None
         model.to(device)
         ckpt, tokenizer = None, get_tokenizer("gpt2")
     if tokenizer.vocab_size > model.config.vocab_size:

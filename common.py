@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parent
 # -----------------------------------------------------------------------------
 # failing clearly, writing safely
 
+MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; room left for the seed + 1 + rank that train.py draws dropout from
+
+
 def die(message, code=1):
     """An expected failure (bad input, a missing file, no network): one line on stderr that says what
     to do, no traceback. Under torchrun the line names its rank. Exit code 2 is a usage error."""

@@ -250,9 +250,27 @@ def load_tasks(manager, names):
                              "(the datasets library keeps a copy), or set HF_ENDPOINT to a mirror") from None
         except Exception as e:  # a task YAML or data file of one's own that is wrong, a dataset that is gone
             raise ValueError(f"task {name} does not load: {type(e).__name__}: {' '.join(str(e).split())}") from None
+        for task_name, task in built["tasks"].items():  # (a group's tasks too)
+            problem = sampling_problem(getattr(task.config, "generation_kwargs", None) or {})
+            if problem:  # found at its first generation, the scores of the tasks before it would be lost
+                raise ValueError(f"task {task_name} samples with {problem}: fix its generation_kwargs")
         # a group stays one (the harness aggregates it); a tag is its tasks
         loaded += [built["groups"][name]] if name in built["groups"] else list(built["tasks"].values())
     return loaded
+
+
+def sampling_problem(kwargs):
+    """What is wrong with a task's sampling settings, its generation_kwargs (sample.py's rules), or None."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    temperature, top_k, top_p = (kwargs.get(k) for k in ("temperature", "top_k", "top_p"))
+    if temperature is not None and not (number(temperature) and temperature >= 0):
+        return f"temperature={temperature!r} (0 is greedy; more samples)"
+    if top_k is not None and not (number(top_k) and top_k == int(top_k) and top_k >= 0):
+        return f"top_k={top_k!r} (a count of tokens, 0 for all)"
+    if top_p is not None and not (number(top_p) and 0 <= top_p <= 1):
+        return f"top_p={top_p!r} (a probability mass, from 0 to 1)"
+    return None
 
 
 # -----------------------------------------------------------------------------

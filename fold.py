@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import load_model, load_state_into, save_checkpoint
-from common import boolean, cannot_write, die, resolve_device
+from common import MAX_SEED, boolean, cannot_write, die, resolve_device
 from model import GPT, GPTConfig, LowRankLinear
 
 # The check fails when max |logit diff| exceeds this fraction of max |logit|. A fold stores the very
@@ -53,6 +53,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.check_batch < 1:
         p.error("--check_batch is the number of sequences the fold is checked on: at least 1")
+    if not 0 <= args.seed <= MAX_SEED:
+        p.error(f"--seed must be from 0 to {MAX_SEED}")
     try:
         args.device = resolve_device(args.device)
     except ValueError as e:

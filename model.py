@@ -786,7 +786,11 @@ def choose_next_token(logits, temperature=1.0, top_k=None, top_p=None):
     otherwise a draw from softmax(logits / temperature) over the tokens keep_likeliest keeps."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = keep_likeliest(logits / temperature, top_k, top_p)
+    # the largest logit moved to 0 first: at a tiny temperature logits / temperature would overflow to inf, and
+    # inf - inf is NaN in the softmax; this way the others go to -inf, and the draw is the most likely token. (A
+    # temperature that rounds to 0 in the logits' dtype is taken as its smallest normal number: 0 / 0 is NaN.)
+    temperature = max(temperature, torch.finfo(logits.dtype).tiny)
+    logits = keep_likeliest((logits - logits.amax(dim=-1, keepdim=True)) / temperature, top_k, top_p)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_for_inference
-from common import DTYPES, autocast, boolean, die, resolve_device_and_dtype
+from common import DTYPES, MAX_SEED, autocast, boolean, die, resolve_device_and_dtype
 from download import DownloadError
 
 
@@ -57,6 +57,8 @@ def parse_args(argv=None):
         p.error("--temperature, --num_samples, --max_new_tokens and --top_k must be 0 or more")
     if not 0 <= args.top_p <= 1:
         p.error("--top_p is a probability mass, from 0 (the most likely token) to 1 (every token)")
+    if not 0 <= args.seed <= MAX_SEED:
+        p.error(f"--seed must be from 0 to {MAX_SEED}")
     if args.compile and not args.cache:
         p.error("--compile compiles the one-token step over the key-value cache: drop --cache=False")
     try:

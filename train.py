@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import (NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, hms, once_per_node, peak_flops,
-                    process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
+from common import (MAX_SEED, NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, hms, once_per_node,
+                    peak_flops, process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
 from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
                         load_gpt2, load_state_into, save_checkpoint)
 from download import DownloadError
@@ -166,6 +166,8 @@ for key in ("learning_rate", "min_lr", "seed", "max_iters", "warmup_iters", "lr_
             "res_query_lr_mult", "grad_clip", "peak_tflops"):  # (learning_rate=0: a frozen model, as the seeding tests use)
     if not config[key] >= 0:
         die(f"{key}={config[key]} must not be negative")
+if seed > MAX_SEED:
+    die(f"seed={seed} does not fit a 64-bit generator: use one from 0 to {MAX_SEED}")
 for key in ("beta1", "beta2"):
     if not 0 <= config[key] < 1:
         die(f"{key}={config[key]} is one of AdamW's decay rates: give one in [0, 1), e.g. 0.9 or 0.95")

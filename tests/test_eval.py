@@ -17,6 +17,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -474,6 +475,25 @@ def test_one_line_errors(tasks, tmp_path, capsys):
         code, out, err, _ = run_main(argv, capsys)
         assert (code, err.count("\n")) == (want_code, 1) and message in err and "Traceback" not in err, (argv, err)
     assert "`lm-eval ls tasks` lists the harness's tasks" in err
+
+
+@pytest.mark.parametrize("setting, problem", [("top_p: 1.5", "top_p=1.5 (a probability mass, from 0 to 1)"),
+                                              ("top_k: -3", "top_k=-3 (a count of tokens, 0 for all)"),
+                                              ("temperature: -1.0", "temperature=-1.0 (0 is greedy; more samples)")])
+def test_bad_sampling_settings_stop_before_any_task_is_scored(tasks, tmp_path, capsys, setting, problem):
+    """A task's sampling settings are checked as the tasks load: found at its first generation (a traceback
+    from the sampler, or for a negative temperature no error at all, the least likely tokens drawn), the tasks
+    scored before it were lost."""
+    folder = shutil.copytree(tasks, tmp_path / "tasks")  # (the YAMLs name their data files by their full paths)
+    (folder / "tiny_gen_bad.yaml").write_text((tasks / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: tiny_gen_bad")
+                                              .replace("  max_gen_toks: 8\n", f"  max_gen_toks: 8\n  do_sample: true\n  {setting}\n"))
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    code, out, err, _ = run_main([f"--ckpt={ckpt}", "--tasks=tiny_choice,tiny_gen_bad", f"--include_path={folder}",
+                                  "--device=cpu"], capsys)
+    # (the datasets library may show its progress first, as it reads a task's data file the first time)
+    assert code == 1 and err.splitlines()[-1] == f"error: task tiny_gen_bad samples with {problem}: fix its generation_kwargs"
+    assert "Traceback" not in err and "tiny_choice" not in out  # nothing was scored
+    assert not (tmp_path / "ckpt.eval.json").exists()
 
 
 def test_results_that_cannot_be_written_stop_before_the_evaluation(tasks, tmp_path, capsys, monkeypatch):

@@ -21,7 +21,7 @@ from helpers import perturb_norms_and_biases, randomise_queries, tiny_config
 from checkpoint import converts_exactly, load_model, load_state_into, model_args, save_checkpoint
 from common import routing_summary
 from model import (GPT, CausalSelfAttention, DepthSources, GPTConfig, LayerNormOfUpcast, LowRankLinear, js_divergence,
-                   reference_route, routing_logits)
+                   choose_next_token, reference_route, routing_logits)
 
 ROUTED = ("attnres", "delta", "rd")
 LINEARS = {  # name -> config overrides
@@ -767,6 +767,14 @@ def test_cache_overflow_is_an_error(mode):
         assert "\n" not in str(err.value)
     assert int(cache.position) == model.config.block_size - 1
     model(batch(t=1), cache=cache)  # the last slot
+
+
+def test_a_tiny_temperature_draws_the_most_likely_token():
+    """logits / 1e-40 overflows float32 to inf, and the softmax of that is NaN (a traceback from the sampler);
+    1e-300 is 0 in float32. At a temperature that small the draw is the greedy one, in every row."""
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 5
+    for temperature in (1e-40, 1e-300):
+        assert torch.equal(choose_next_token(logits, temperature=temperature), logits.argmax(dim=-1, keepdim=True))
 
 
 @pytest.mark.parametrize("mode", ("standard", "rd"))

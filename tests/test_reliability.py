@@ -20,7 +20,7 @@ import torch
 
 import common
 import shards
-from checkpoint import gpt2_state_dict, load_checkpoint, model_args, save_checkpoint
+from checkpoint import gpt2_state_dict, load_checkpoint, load_for_inference, model_args, save_checkpoint
 from download import download
 from localserver import LocalServer
 from model import GPT, GPTConfig
@@ -73,13 +73,14 @@ def test_a_refused_checkpoint_names_what_it_holds(tmp_path):
         load_checkpoint(tmp_path / "ckpt.pt")
 
 
-@pytest.mark.parametrize("content", [{"model": {}}, {"model_args": {}}, [1, 2]])
+@pytest.mark.parametrize("content", [{"model": {}}, {"model_args": {}}, [1, 2], {"model": [], "model_args": {}},
+                                     {"model": {}, "model_args": None}])
 def test_a_torch_file_that_is_not_a_checkpoint_is_refused_in_one_line(tmp_path, content):
-    """Plain data without both of a checkpoint's keys (a state dict saved on its own, say) is refused by name
-    as it is read, not a KeyError later."""
+    """Plain data without both of a checkpoint's dicts (a state dict saved on its own, say, or another program's
+    file that uses the names) is refused by name as it is read, not a KeyError or a TypeError later."""
     torch.save(content, tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match=r"ckpt\.pt is not a checkpoint of this project "
-                                         r"\(no 'model' and 'model_args' keys\)") as err:
+                                         r"\(no 'model' and 'model_args' dicts\)") as err:
         load_checkpoint(tmp_path / "ckpt.pt")
     assert "\n" not in str(err.value)
 
@@ -98,6 +99,19 @@ def test_a_safetensors_file_without_gpt2_weights_is_refused_in_one_line(tmp_path
     with pytest.raises(ValueError, match=message) as err:
         gpt2_state_dict(path)
     assert "\n" not in str(err.value) and str(err.value).endswith("; delete it to download it again")
+
+
+def test_a_cached_file_that_is_not_the_named_gpt2_is_refused_in_one_line(tmp_path):
+    """sample.py or eval.py with --init_from=gpt2, and a file in the cache under GPT-2's name that holds other
+    weights (another size, a model of one's own): the file is named, with what to do, not the shapes (which the
+    user cannot set for GPT-2). (train.py may set them: its error names them.)"""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    (tmp_path / "cache").mkdir()
+    save_file({"wte.weight": torch.zeros(10, 4), "wpe.weight": torch.zeros(8, 4)}, str(tmp_path / "cache" / "gpt2.safetensors"))
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'cache' / 'gpt2.safetensors'} does not hold gpt2's weights "
+                                         r"\(checkpoint and model do not match: missing parameter \S+ \(and \d+ more\)\): "
+                                         "delete it to download it again$"):
+        load_for_inference("gpt2", cache_dir=tmp_path / "cache")
 
 
 @pytest.mark.parametrize("meta", [dict(tokenizer="bytes", vocab_size=64), []])
@@ -143,6 +157,23 @@ def test_a_damaged_checkpoint_is_refused_not_loaded_with_wrong_weights(tmp_path,
     assert "\n" not in str(e.value)
     if damage != "truncated":  # (truncated, torch.load itself fails: the message said "damaged" before too)
         assert "Bad CRC-32 for file" in str(e.value)
+
+
+@pytest.mark.parametrize("damage", [(10, 8), (10, 99), (46, 0xFF)])
+def test_a_checkpoint_whose_zip_directory_is_damaged_is_refused_in_one_line(tmp_path, damage):
+    """A flipped byte in the archive's central directory, which names, places and describes each record, makes
+    zipfile fail in ways of its own: a record stored plainly described as deflated (zlib's error) or in a method
+    it does not know (NotImplementedError), a name that is not UTF-8 (UnicodeDecodeError, a ValueError whose
+    message said nothing of damage). Each is "damaged", in one line, like a bad CRC-32."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(dict(model={"w": torch.arange(1000, dtype=torch.float32)}, model_args={}), path)
+    data = bytearray(path.read_bytes())
+    offset, value = damage  # (from the first central directory entry: +10 its compression method, +46 its name)
+    data[data.index(b"PK\x01\x02") + offset] = value
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"^checkpoint {path} is damaged \(") as e:
+        load_checkpoint(path)
+    assert "\n" not in str(e.value) and str(e.value).endswith("so it was not loaded: restore it from a copy or retrain")
 
 
 def test_a_checkpoint_saved_without_checksums_loads(tmp_path):

@@ -452,6 +452,11 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys):
     code, out, err = run(sample, ["--ckpt", tmp_path / "nothere.pt"], capsys)
     assert code == 1 and err == f"error: no checkpoint at {tmp_path / 'nothere.pt'}: check the path, or train one " \
                                 "first (python train.py --out_dir=DIR writes DIR/ckpt.pt)\n"
+    run_dir = tmp_path / "run"  # a run's folder where its checkpoint file goes
+    write_ckpt(run_dir / "ckpt.pt")
+    code, out, err = run(sample, ["--ckpt", run_dir], capsys)
+    assert code == 1 and err == f"error: {run_dir} is a folder, not a checkpoint file: pass its checkpoint, " \
+                                f"{run_dir / 'ckpt.pt'}\n"
 
 
 def test_unknown_tokenizer_is_one_line(tmp_path, capsys):
@@ -472,6 +477,12 @@ def test_bad_options_and_prompt_files_are_one_line(tmp_path, capsys):
     assert run(sample, ["--ckpt", ckpt, "--start="], capsys) == (1, "", "error: the prompt is empty; give some text with --start\n")
     code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt", "--check_batch=0"], capsys)
     assert code == 2 and "--check_batch is the number of sequences the fold is checked on: at least 1" in err
+    # a seed past 64 bits was torch's traceback (fold's after the model had loaded)
+    for script, args in ((sample, ["--seed=18446744073709551616"]), (fold, ["--out", tmp_path / "folded.pt", "--seed=-1"])):
+        code, _, err = run(script, ["--ckpt", ckpt, *args], capsys)
+        assert code == 2 and f"--seed must be from 0 to {2**63 - 1}" in err and "Traceback" not in err, err
+    code, _, err = run(sample, ["--ckpt", ckpt, "--temperature=1e-40", "--num_samples=1", "--max_new_tokens=3"], capsys)
+    assert code == 0, err  # (at that temperature the greedy draw: test_model's test_a_tiny_temperature_draws...)
 
 
 def test_long_prompt_is_cropped_with_a_note(tmp_path, capsys):

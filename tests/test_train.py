@@ -706,6 +706,7 @@ def bad_inputs(data, tmp_path):
         "compile_sublayers alone": (["--compile_sublayers=True"], "set compile=True as well"),
         "negative learning rate": (["--learning_rate=-1e-3"], "learning_rate=-0.001 must not be negative"),
         "negative seed": (["--seed=-1"], "seed=-1 must not be negative"),
+        "seed past 64 bits": (["--seed=18446744073709551616"], f"does not fit a 64-bit generator: use one from 0 to {2**63 - 1}"),
         "negative min_lr": (["--min_lr=-1e-4"], "min_lr=-0.0001 must not be negative"),
         "negative peak": (["--peak_tflops=-5.0"], "peak_tflops=-5.0 must not be negative"),  # (not: MFU against another peak)
         "beta past 1": (["--beta1=1.5"], "beta1=1.5 is one of AdamW's decay rates"),
