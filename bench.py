@@ -17,6 +17,7 @@ else the matmul throughput measured at start-up on the same device and dtype; --
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -107,6 +108,17 @@ def parse_args():
             p.error(f"cannot write --json {args.json}: {problem}")
     if bool(args.plot) != bool(args.inputs):
         p.error("--plot and JSON files go together: python bench.py --plot=OUT.png A.json B.json ...")
+    if args.plot:  # as --json: checked before the input files are read, and named as written
+        if not Path(args.plot).suffix:  # matplotlib would write a PNG under PLOT.png
+            args.plot += ".png"
+        from matplotlib.backend_bases import FigureCanvasBase
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if Path(args.plot).suffix[1:].lower() not in formats:
+            p.error(f"--plot={args.plot}: matplotlib cannot write {Path(args.plot).suffix} files; "
+                    f"end the name in one of .{', .'.join(sorted(formats))}")
+        problem = cannot_write(args.plot)
+        if problem:
+            p.error(f"cannot write --plot {args.plot}: {problem}")
     if args.compile_sublayers and not args.compile:
         p.error("--compile_sublayers chooses what --compile compiles: pass --compile as well")
     try:
@@ -267,12 +279,15 @@ def plot_width(paths, out):
         except (OSError, json.JSONDecodeError) as e:
             die(f"cannot read {path} ({e}); give files written by bench.py --json")
         try:
+            if not isinstance(data, dict):  # JSON, but not the object bench.py writes (e.g. [])
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
             compiled = "compiled sublayers" if data.get("compile_sublayers") else "compiled"
             setting = f"{compiled if data['compile'] else 'eager'} {data['dtype']}"
             width = data["config"]["n_embd"]
             ratios = {(r["name"], r["phase"]): r["ratio"] for r in data["rows"]}
         except (KeyError, TypeError) as e:
-            die(f"{path} is not a file written by bench.py --json (no {e}); rerun bench.py with --json")
+            what = f"no {e}" if isinstance(e, KeyError) else e
+            die(f"{path} is not a file written by bench.py --json ({what}); rerun bench.py with --json")
         if width in runs.setdefault(setting, {}):
             die(f"two files for {setting} at n_embd={width} ({path} is the second); plot one run per width")
         runs[setting][width] = ratios
@@ -301,6 +316,7 @@ def plot_width(paths, out):
         ax.set_xlabel("n_embd")
     axes[0][0].legend(fontsize=8, title="dotted: target", title_fontsize=8)
     fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)  # cannot_write took the missing folders as made
     fig.savefig(out, dpi=110)
     plt.close(fig)
     print(f"wrote {out}")
@@ -336,16 +352,20 @@ def run(args):
         limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # before torch 2.7
         setattr(torch._dynamo.config, limit, 4 * len(ROWS))
     rank = args.rank or args.n_embd // 4
-    rows = {name.format(r=rank): (row_settings(name.format(r=rank)), ref.format(r=rank)) for name, ref in ROWS.items()}
+    rows = {name.format(r=rank): ref.format(r=rank) for name, ref in ROWS.items()}  # row -> its reference
     if args.rows != "all":
         wanted = args.rows.split(",")
         unknown = [w for w in wanted if w not in rows]
         if unknown:
             die(f"unknown row(s) {unknown}; choose from {', '.join(rows)}")
         for w in wanted:  # keep each row's reference, and its reference's (folded -> lowrank -> dense)
-            if rows[w][1] not in wanted:
-                wanted.append(rows[w][1])
+            if rows[w] not in wanted:
+                wanted.append(rows[w])
         rows = {k: v for k, v in rows.items() if k in wanted}
+    if rank == 0 and any(name.endswith("/rank=0") for name in rows):  # below n_embd=4 the default rank is 0
+        die(f"the low-rank rows' default rank, n_embd/4, is 0 at --n_embd={args.n_embd}: give --rank, "
+            f"or --rows without them")
+    rows = {name: (row_settings(name), ref) for name, ref in rows.items()}
     for name, (cfg, _) in rows.items():  # a size that no row can take is a usage error, not a traceback
         try:
             GPTConfig(**base_config(args), **{k: v for k, v in cfg.items() if k != "fold"})

@@ -23,7 +23,11 @@ def checked(key, value, defaults, where):
         die(f"unknown config key {key!r}{where} (see --help)", 2)
     default = defaults[key]
     if isinstance(default, float) and type(value) is int:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer past a float's range (no repr: one of 4300+ digits cannot be printed)
+            die(f"{key}{where} is too large for a float (the largest is about 1.8e308): give a number "
+                f"like its default {default!r}", 2)
     if type(value) is not type(default):
         kind = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}[type(default)]
         die(f"{key}={value!r}{where} should be {kind}, like its default {default!r}", 2)

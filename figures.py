@@ -436,6 +436,8 @@ def parse_args(argv=None):
     if args.figure == "width" and args.n_layer is None:
         parser.error("the width figure compares widths at one depth: give --n_layer")
     args.out = args.out or f"delta_vs_{args.figure}.png"
+    if not Path(args.out).suffix:  # matplotlib would write a PNG under OUT.png: name the file written
+        args.out += ".png"
     return args
 
 

@@ -392,9 +392,45 @@ def test_plot_rejects_what_it_cannot_plot(report, tmp_path):
     run.write_text(json.dumps(report[0]))
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"rows": []}))
+    empty = tmp_path / "empty.json"  # JSON, but no object: was an AttributeError
+    empty.write_text("[]")
     for args, message in [([f"--plot={tmp_path / 'a.png'}", str(run), str(run)], "two files for eager float32 at n_embd=32"),
                           ([f"--plot={tmp_path / 'a.png'}", str(other)], "is not a file written by bench.py --json"),
+                          ([f"--plot={tmp_path / 'a.png'}", str(empty)], "is not a file written by bench.py --json (a JSON list"),
                           ([f"--plot={tmp_path / 'a.png'}", str(tmp_path / "missing.json")], "cannot read"),
                           ([str(run)], "--plot and JSON files go together")]:
         result = subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert result.returncode != 0 and message in result.stderr, result.stderr
+        assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_plot_that_cannot_be_written_is_refused_before_the_inputs_are_read(report, tmp_path, monkeypatch, capsys):
+    """--plot is checked as --json is: under a file, or in a format matplotlib cannot write, it is a usage
+    error before plot_width; a name without an extension is written as NAME.png, and named so."""
+    import bench
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(report[0]))
+    (tmp_path / "a_file").write_text("")
+    plot_width = bench.plot_width
+    monkeypatch.setattr(bench, "plot_width", lambda paths, out: pytest.fail("plotted before checking --plot"))
+    for path, problem in ((tmp_path / "a_file" / "p.png", f"cannot write --plot {tmp_path / 'a_file' / 'p.png'}: "
+                                                            f"{tmp_path / 'a_file'} is a file, not a folder"),
+                          (tmp_path / "p.xyz", "matplotlib cannot write .xyz files; end the name in one of .")):
+        monkeypatch.setattr(sys, "argv", ["bench.py", f"--plot={path}", str(run)])
+        with pytest.raises(SystemExit) as e:
+            bench.main()
+        assert e.value.code == 2 and problem in capsys.readouterr().err
+    monkeypatch.setattr(bench, "plot_width", plot_width)
+    monkeypatch.setattr(sys, "argv", ["bench.py", f"--plot={tmp_path / 'new' / 'p'}", str(run)])  # its folder made
+    bench.main()
+    assert (tmp_path / "new" / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'new' / 'p.png'}\n"
+
+
+def test_a_default_rank_of_zero_is_a_one_line_error_only_where_a_low_rank_row_runs():
+    """Below n_embd=4 the default rank n_embd/4 is 0: the low-rank rows ask for --rank, and rows without
+    them run (they were a traceback from row names that were not asked for)."""
+    result = run_bench("--n_embd=2", "--n_head=1")
+    assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "default rank, n_embd/4, is 0 at --n_embd=2: give --rank" in result.stderr
+    result = run_bench("--n_embd=2", "--n_head=1", "--rows=standard")
+    assert result.returncode == 0, result.stderr

@@ -244,6 +244,14 @@ def test_an_out_path_that_cannot_be_written_is_one_line(grids, tmp_path):
         figures.main(["depth", str(depth), str(width), f"--out={tmp_path / 'taken.png'}"])
 
 
+def test_an_out_path_without_an_extension_is_written_and_named_as_a_png(grids, tmp_path, capsys):
+    """matplotlib writes --out=NAME as NAME.png: that file is the one checked and the one the last line names."""
+    depth, width = grids
+    figures.main(["depth", str(depth), str(width), f"--out={tmp_path / 'd'}"])
+    assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.endswith(f"wrote {tmp_path / 'd.png'}\n")
+
+
 def test_val_loss_panels_show_seed_means_and_the_paired_difference(tmp_path, monkeypatch):
     """Left: each run's val loss, the mean over all its seeds. Right: run − reference, averaged over the
     seeds both have (a seed the reference lacks is no pair), one line per run other than the reference."""

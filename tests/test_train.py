@@ -862,7 +862,11 @@ def test_configurator_errors(tmp_path, capsys):
         "--learning_rate=fast": "cannot read --learning_rate=fast",
         "--batch_size": "expected --key=value, got '--batch_size'",
         str(tmp_path / "missing.py"): "cannot read config file",
+        "--learning_rate=1" + "0" * 400: "learning_rate is too large for a float",  # was an OverflowError
     }
+    big = tmp_path / "big.py"
+    big.write_text("learning_rate = 10 ** 5000\n")  # too large for a float, and for an int's repr
+    cases[str(big)] = f"learning_rate in {big} is too large for a float"
     for arg, message in cases.items():
         with pytest.raises(SystemExit) as exit_:
             configurator.configure(defaults, [arg], "train.py")
