@@ -196,7 +196,7 @@ class HarnessLM(TemplateLM):
         new = []
         with self.ctx:
             for token in self.model.generate_tokens(torch.tensor([ids], device=self.device), kwargs["max_gen_toks"],
-                                                    temperature=temperature, top_k=kwargs.get("top_k"),
+                                                    temperature=temperature, top_k=int(kwargs.get("top_k") or 0) or None,
                                                     top_p=kwargs.get("top_p"), vocab_size=self.tok.vocab_size):
                 if token.item() == self.tok.eot:
                     break
@@ -265,8 +265,8 @@ def sampling_problem(kwargs):
         return isinstance(x, (int, float)) and not isinstance(x, bool)
     temperature, top_k, top_p = (kwargs.get(k) for k in ("temperature", "top_k", "top_p"))
     if temperature is not None and not (number(temperature) and temperature >= 0):
-        return f"temperature={temperature!r} (0 is greedy; more samples)"
-    if top_k is not None and not (number(top_k) and top_k == int(top_k) and top_k >= 0):
+        return f"temperature={temperature!r} (0 for greedy, more to sample)"
+    if top_k is not None and not (number(top_k) and float(top_k).is_integer() and top_k >= 0):
         return f"top_k={top_k!r} (a count of tokens, 0 for all)"
     if top_p is not None and not (number(top_p) and 0 <= top_p <= 1):
         return f"top_p={top_p!r} (a probability mass, from 0 to 1)"

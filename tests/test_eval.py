@@ -479,7 +479,7 @@ def test_one_line_errors(tasks, tmp_path, capsys):
 
 @pytest.mark.parametrize("setting, problem", [("top_p: 1.5", "top_p=1.5 (a probability mass, from 0 to 1)"),
                                               ("top_k: -3", "top_k=-3 (a count of tokens, 0 for all)"),
-                                              ("temperature: -1.0", "temperature=-1.0 (0 is greedy; more samples)")])
+                                              ("temperature: -1.0", "temperature=-1.0 (0 for greedy, more to sample)")])
 def test_bad_sampling_settings_stop_before_any_task_is_scored(tasks, tmp_path, capsys, setting, problem):
     """A task's sampling settings are checked as the tasks load: found at its first generation (a traceback
     from the sampler, or for a negative temperature no error at all, the least likely tokens drawn), the tasks
