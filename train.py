@@ -95,7 +95,8 @@ wandb_project = "nanoattnres"  # the wandb project
 wandb_run_name = ""  # the wandb run's name; "" = the out_dir's name
 wandb_group = ""  # a wandb group; compare.py puts the runs of one grid in one
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))]
+config_keys = [k for k, v in globals().items()  # (not a CONSTANT imported above)
+               if not k.startswith("_") and not k.isupper() and isinstance(v, (bool, int, float, str))]
 config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
 # -----------------------------------------------------------------------------
 
