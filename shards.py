@@ -65,7 +65,7 @@ def _into(command, data_dir):
     --out was relative to another working folder), and the hint must remake this folder, not the old one."""
     words = command.split()
     out = words[words.index("--out") + 1] if "--out" in words[:-1] else None
-    wrote = Path(out) if out else DATA_ROOT / words[2] if len(words) > 2 else None
+    wrote = Path(out) if out else (DATA_ROOT / words[2] if len(words) > 2 else None)  # (no --out: data/<name>)
     if wrote is not None and wrote.resolve() == data_dir.resolve():
         return command
     if out:
