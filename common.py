@@ -44,7 +44,8 @@ def die(message, code=1):
     """An expected failure (bad input, a missing file, no network): one line on stderr that says what
     to do, no traceback. Under torchrun the line names its rank. Exit code 2 is a usage error."""
     prefix = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
-    print(f"{prefix}error: {message}", file=sys.stderr)
+    sys.stderr.write(f"{prefix}error: {message}\n")  # one write: ranks stopping at once do not interleave their lines
+    sys.stderr.flush()
     sys.exit(code)
 
 

@@ -783,7 +783,7 @@ def test_a_log_that_cannot_be_written_stops_every_rank_in_one_line_that_says_how
     assert result.returncode != 0
     for rank in (0, 1):  # (then torchrun's own report of the failed workers)
         assert (f"[rank {rank}] error: could not write {out / 'log.jsonl'} (File too large): free space or make {out} "
-                f"writable, then {resume}") in result.stderr, result.stderr
+                f"writable, then {resume}") in result.stderr, result.stderr  # (each rank's line whole, with its end)
     assert (out / "ckpt.pt").read_bytes() == before[0]
 
 
