@@ -445,6 +445,14 @@ def routing():
     return raw_model.last_routing
 
 
+def write_failed(what, e):
+    """The line for a write into out_dir that failed (a full disk, a folder made read-only): what to free, and
+    how to go on from what out_dir holds."""
+    then = (f"continue from {ckpt_path} (iter {saved_iter}) with --init_from=resume" if saved_iter is not None
+            else "start the run again (nothing is saved yet)")
+    return f"could not {what} ({e.strerror or e}): free space or make {out_dir} writable, then {then}"
+
+
 log_failure = None  # under torchrun: rank 0's failed log write, until the ranks next meet (see log_event)
 
 
@@ -455,10 +463,8 @@ def log_event(**record):
         try:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-        except OSError as e:  # a full disk, a folder made read-only
-            then = (f"continue from {ckpt_path} (iter {saved_iter}) with --init_from=resume" if saved_iter is not None
-                    else "start the run again (nothing is saved yet)")
-            failed = f"could not write {log_path} ({e.strerror or e}): free space or make {out_dir} writable, then {then}"
+        except OSError as e:
+            failed = write_failed(f"write {log_path}", e)
             if not ddp:
                 die(failed)
             # rank 0 alone writes the log: stopping here would leave the other ranks in a collective. Every rank
@@ -632,10 +638,7 @@ def save_run(log_bytes):
             save_checkpoint(run_state, ckpt_path)
             print(f"saved {ckpt_path}")
         except OSError as e:  # a full disk, a folder made read-only: the atomic write left the old file whole
-            failed = f"could not save {ckpt_path} ({e.strerror or e}); " + (
-                f"it still holds iter {saved_iter}: free space or make {out_dir} writable, then continue with "
-                "--init_from=resume" if saved_iter is not None else
-                f"nothing is saved yet: free space or make {out_dir} writable, and start the run again")
+            failed = write_failed(f"save {ckpt_path}", e)
     if ddp:  # every rank stops with rank 0, rather than wait for it in the next collective
         box = [failed]
         dist.broadcast_object_list(box, src=0)
