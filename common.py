@@ -178,6 +178,23 @@ def routing_summary(stats):
 
 
 # -----------------------------------------------------------------------------
+# sampling settings: sample.py's flags and eval.py's task settings, one rule
+
+def sampling_problem(temperature=None, top_k=None, top_p=None):
+    """What is wrong with these sampling settings (None: left at the default), as `name=value (what it
+    takes)`, or None where nothing is."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    if temperature is not None and not (number(temperature) and temperature >= 0):
+        return f"temperature={temperature!r} (0 for greedy, more to sample)"
+    if top_k is not None and not (number(top_k) and float(top_k).is_integer() and top_k >= 0):
+        return f"top_k={top_k!r} (a count of tokens, 0 for all)"
+    if top_p is not None and not (number(top_p) and 0 <= top_p <= 1):
+        return f"top_p={top_p!r} (a probability mass, from 0 to 1)"
+    return None
+
+
+# -----------------------------------------------------------------------------
 # downstream scores: what eval.py writes, compare.py tabulates and wandb receives
 
 def task_scores(results):

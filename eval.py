@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_for_inference
-from common import DTYPES, autocast, cannot_write, die, provenance, resolve_device_and_dtype, task_scores, write_atomic
+from common import (DTYPES, autocast, cannot_write, die, provenance, resolve_device_and_dtype, sampling_problem, task_scores,
+                    write_atomic)
 from download import DownloadError
 
 try:
@@ -251,26 +252,13 @@ def load_tasks(manager, names):
         except Exception as e:  # a task YAML or data file of one's own that is wrong, a dataset that is gone
             raise ValueError(f"task {name} does not load: {type(e).__name__}: {' '.join(str(e).split())}") from None
         for task_name, task in built["tasks"].items():  # (a group's tasks too)
-            problem = sampling_problem(getattr(task.config, "generation_kwargs", None) or {})
+            settings = getattr(task.config, "generation_kwargs", None) or {}
+            problem = sampling_problem(*(settings.get(k) for k in ("temperature", "top_k", "top_p")))
             if problem:  # found at its first generation, the scores of the tasks before it would be lost
                 raise ValueError(f"task {task_name} samples with {problem}: fix its generation_kwargs")
         # a group stays one (the harness aggregates it); a tag is its tasks
         loaded += [built["groups"][name]] if name in built["groups"] else list(built["tasks"].values())
     return loaded
-
-
-def sampling_problem(kwargs):
-    """What is wrong with a task's sampling settings, its generation_kwargs (sample.py's rules), or None."""
-    def number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-    temperature, top_k, top_p = (kwargs.get(k) for k in ("temperature", "top_k", "top_p"))
-    if temperature is not None and not (number(temperature) and temperature >= 0):
-        return f"temperature={temperature!r} (0 for greedy, more to sample)"
-    if top_k is not None and not (number(top_k) and float(top_k).is_integer() and top_k >= 0):
-        return f"top_k={top_k!r} (a count of tokens, 0 for all)"
-    if top_p is not None and not (number(top_p) and 0 <= top_p <= 1):
-        return f"top_p={top_p!r} (a probability mass, from 0 to 1)"
-    return None
 
 
 # -----------------------------------------------------------------------------
@@ -295,7 +283,7 @@ def writable_results_path(args, ckpt_path):
     return out
 
 
-def log_to_wandb(ckpt, scores):
+def log_to_wandb(ckpt, scores, out):
     """The scores into Weights & Biases when the checkpoint's training logged there (train.py's
     wandb_log=True): into its very run where the checkpoint records the run's id, else into a new run
     of the same project, group and name."""
@@ -306,14 +294,19 @@ def log_to_wandb(ckpt, scores):
         import wandb
     except ImportError:  # the scores are in the JSON already: not worth an error
         print("note: the checkpoint's training logged to wandb, but wandb is not installed here, so its scores "
-              "are in the JSON only (pip install wandb)", file=sys.stderr)
+              f"are in {out} only (pip install wandb)", file=sys.stderr)
         return
     run_id = ckpt.get("wandb_run_id")
     name = config.get("wandb_run_name") or Path(config.get("out_dir", "out")).resolve().name
-    run = wandb.init(project=config.get("wandb_project"), id=run_id, resume="allow" if run_id else None,
-                     name=name, group=config.get("wandb_group") or None, job_type=None if run_id else "eval")
-    run.summary.update({f"eval/{key}": value for key, (value, _) in scores.items()})
-    run.finish()
+    try:
+        run = wandb.init(project=config.get("wandb_project"), id=run_id, resume="allow" if run_id else None,
+                         name=name, group=config.get("wandb_group") or None, job_type=None if run_id else "eval")
+        run.summary.update({f"eval/{key}": value for key, (value, _) in scores.items()})
+        run.finish()
+    except Exception as e:  # (wandb's own kinds: no login, no network) the scores are saved: a note, as above
+        why = (str(e).strip().splitlines() or [""])[0]
+        print(f"note: wandb could not log the scores ({type(e).__name__}: {why}), so they are in {out} only: "
+              "run `wandb login` or set WANDB_MODE=offline, and evaluate again to log them", file=sys.stderr)
 
 
 def main(argv=None):
@@ -347,7 +340,7 @@ def main(argv=None):
     except OSError as e:  # a full disk, or the folder changed during the evaluation: the table above has the scores
         die(f"cannot write the results to {out} ({e.strerror or e}); the table above holds the scores")
     print(f"wrote {out}")
-    log_to_wandb(ckpt, scores)
+    log_to_wandb(ckpt, scores, out)
     return record
 
 

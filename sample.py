@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_for_inference
-from common import DTYPES, MAX_SEED, autocast, boolean, die, resolve_device_and_dtype
+from common import DTYPES, MAX_SEED, autocast, boolean, die, resolve_device_and_dtype, sampling_problem
 from download import DownloadError
 
 
@@ -53,10 +53,11 @@ def parse_args(argv=None):
     p.add_argument("--routing", type=boolean, nargs="?", const=True, default=False,
                    help="print the routing table of the prompt before sampling")
     args = p.parse_args(argv)
-    if not (args.temperature >= 0 and args.num_samples >= 0 and args.max_new_tokens >= 0 and args.top_k >= 0):
-        p.error("--temperature, --num_samples, --max_new_tokens and --top_k must be 0 or more")
-    if not 0 <= args.top_p <= 1:
-        p.error("--top_p is a probability mass, from 0 (the most likely token) to 1 (every token)")
+    problem = sampling_problem(args.temperature, args.top_k, args.top_p)
+    if problem:
+        p.error(f"--{problem}")
+    if not (args.num_samples >= 0 and args.max_new_tokens >= 0):
+        p.error("--num_samples and --max_new_tokens must be 0 or more")
     if not 0 <= args.seed <= MAX_SEED:
         p.error(f"--seed must be from 0 to {MAX_SEED}")
     if args.compile and not args.cache:
@@ -78,6 +79,11 @@ def read_prompt(start, tokenizer, block_size):
             raise ValueError(f"cannot read the prompt file {path}: {e.strerror}") from None
         except UnicodeDecodeError:
             raise ValueError(f"the prompt file {path} is not UTF-8 text: save it as UTF-8") from None
+    try:  # bytes that are not UTF-8 reach Python's argv as lone surrogates, which no tokenizer should read
+        start.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("--start is not UTF-8 text (a terminal in another encoding?): set a UTF-8 locale, or save "
+                         "the prompt as UTF-8 and pass --start=FILE:path") from None
     ids = tokenizer.encode(start)
     if not ids:
         if tokenizer.eot is None:

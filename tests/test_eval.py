@@ -405,6 +405,24 @@ def test_local_tasks_end_to_end(tasks, tmp_path):
         assert b"eval/tiny_choice/acc" in run.read_bytes() and b"eval/tiny_rolling/bits_per_byte" in run.read_bytes()
 
 
+def test_wandb_that_cannot_log_is_a_note_after_the_scores_are_saved(tmp_path, monkeypatch, capsys):
+    """A wandb that fails to start (no login, no network) leaves a note naming the saved results, not a
+    traceback after them; a training that did not log to wandb never touches it."""
+    def refuse(**_):
+        raise RuntimeError("api_key not configured (no-tty)\ncall wandb.login(key=[your_api_key])")
+    monkeypatch.setitem(sys.modules, "wandb", type(sys)("wandb"))
+    monkeypatch.setattr(sys.modules["wandb"], "init", refuse, raising=False)
+    out = tmp_path / "ckpt.eval.json"
+    scores = {"tiny_choice/acc": (0.5, None)}
+    evaluate.log_to_wandb(dict(config=dict(wandb_log=True, wandb_project="p")), scores, out)
+    err = capsys.readouterr().err
+    assert err == (f"note: wandb could not log the scores (RuntimeError: api_key not configured (no-tty)), so they are "
+                   f"in {out} only: run `wandb login` or set WANDB_MODE=offline, and evaluate again to log them\n")
+    evaluate.log_to_wandb(dict(config=dict(wandb_log=False)), scores, out)
+    evaluate.log_to_wandb(None, scores, out)  # (gpt2 weights: no training config)
+    assert capsys.readouterr().err == ""
+
+
 def test_folded_and_unfolded_dlr_score_the_same(tasks, tmp_path, capsys):
     """A DLR checkpoint and fold.py's folding of it give the same scores on every task (the fold keeps
     the logits bitwise), each on the first --limit examples of each task."""

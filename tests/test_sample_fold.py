@@ -319,7 +319,7 @@ def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
     nucleus = run(sample, ["--ckpt", ckpt] + GREEDY + ["--temperature=1.5", "--top_p=1e-6"], capsys)
     assert nucleus == greedy and greedy[0] == 0
     code, _, err = run(sample, ["--ckpt", ckpt, "--top_p=1.5"], capsys)
-    assert code == 2 and "--top_p is a probability mass" in err
+    assert code == 2 and err.endswith("error: --top_p=1.5 (a probability mass, from 0 to 1)\n")
 
 
 def test_cache_and_compile_flags_give_the_same_greedy_text(tmp_path, capsys, monkeypatch):
@@ -467,12 +467,18 @@ def test_unknown_tokenizer_is_one_line(tmp_path, capsys):
 
 def test_bad_options_and_prompt_files_are_one_line(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt")
-    for option in ("--temperature=nan", "--top_k=-3", "--num_samples=-1"):
+    for option, problem in (("--temperature=nan", "--temperature=nan (0 for greedy, more to sample)"),
+                            ("--top_k=-3", "--top_k=-3 (a count of tokens, 0 for all)"),
+                            ("--num_samples=-1", "--num_samples and --max_new_tokens must be 0 or more")):
         code, _, err = run(sample, ["--ckpt", ckpt, option], capsys)
-        assert code == 2 and "must be 0 or more" in err, option
+        assert code == 2 and err.endswith(f"error: {problem}\n"), option
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     code, _, err = run(sample, ["--ckpt", ckpt, f"--start=FILE:{tmp_path / 'latin1.txt'}"], capsys)
     assert code == 1 and err == f"error: the prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text: save it as UTF-8\n"
+    latin1_argv = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python's argv holds a Latin-1 terminal's bytes
+    code, _, err = run(sample, ["--ckpt", ckpt, f"--start={latin1_argv}"], capsys)
+    assert code == 1 and err == ("error: --start is not UTF-8 text (a terminal in another encoding?): set a UTF-8 "
+                                 "locale, or save the prompt as UTF-8 and pass --start=FILE:path\n")
     # the bytes tokenizer has no end-of-text token to start an empty prompt with
     assert run(sample, ["--ckpt", ckpt, "--start="], capsys) == (1, "", "error: the prompt is empty; give some text with --start\n")
     code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt", "--check_batch=0"], capsys)
