@@ -206,29 +206,31 @@ def prepare_fineweb(data_dir, name, shards, recipe, command, url, mirror, **_):
     # --shards 3) is still there to train on, with its meta.json, and a rerun takes the shards that arrived.
     incoming = data_dir / ".incoming"
     incoming.mkdir(parents=True, exist_ok=True)
-    for i, file in enumerate(files):
-        path = data_dir / file if (data_dir / file).exists() else incoming / file
-        if path.exists():
+    try:
+        for i, file in enumerate(files):
+            path = data_dir / file if (data_dir / file).exists() else incoming / file
+            if path.exists():
+                try:
+                    read_shard(path)
+                except ShardError as e:
+                    log(f"{e}; downloading it again")
+                    path.unlink()
+            # a shard already here is checked against the sha256 it was downloaded with, fetched again if it differs
+            download(f"{base}/{file}", path, desc=f"{file} ({i + 1}/{len(files)})", quiet=_quiet, mirror=mirror)
             try:
                 read_shard(path)
-            except ShardError as e:
-                log(f"{e}; downloading it again")
-                path.unlink()
-        # a shard already here is checked against the sha256 it was downloaded with, fetched again if it differs
-        download(f"{base}/{file}", path, desc=f"{file} ({i + 1}/{len(files)})", quiet=_quiet, mirror=mirror)
-        try:
-            read_shard(path)
-        except ShardError:
-            size = path.stat().st_size
-            path.unlink()  # never leave a bad file under a name that looks complete
-            raise ShardError(f"downloaded {file} from {base} is not a valid shard ({size:,} bytes, bad header or length); "
-                             f"run again, or {mirror}") from None
-    for file in files:
-        for arrived in (file + ".sha256", file):  # its record first: a shard in the dataset never lacks its own
-            if (incoming / arrived).exists():
-                durable_replace(incoming / arrived, data_dir / arrived)
-    if not any(incoming.iterdir()):  # else an earlier, longer run's shards wait there
-        incoming.rmdir()
+            except ShardError:
+                size = path.stat().st_size
+                path.unlink()  # never leave a bad file under a name that looks complete
+                raise ShardError(f"downloaded {file} from {base} is not a valid shard ({size:,} bytes, bad header or length); "
+                                 f"run again, or {mirror}") from None
+        for file in files:
+            for arrived in (file + ".sha256", file):  # its record first: a shard in the dataset never lacks its own
+                if (incoming / arrived).exists():
+                    durable_replace(incoming / arrived, data_dir / arrived)
+    finally:  # what waits there (shards, a partial download) stays for the rerun; an empty folder goes
+        if not any(incoming.iterdir()):
+            incoming.rmdir()
     extra = len(find_shards(data_dir, "train")) - shards
     if extra > 0:
         log(f"note: keeping {extra} more train shard(s) from an earlier run; to train on fewer, delete them and run "

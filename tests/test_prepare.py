@@ -570,7 +570,8 @@ def test_fineweb_keeps_published_names_and_reuses_what_it_has(tmp_path):
 
 def test_fineweb_failed_extension_keeps_the_dataset(tmp_path):
     """--shards 2, then --shards 3 against a dead server: the download fails, and the two shards and
-    their meta.json are still there to train on (meta.json used to go first, leaving "no dataset")."""
+    their meta.json are still there to train on (meta.json used to go first, leaving "no dataset"), with
+    no empty .incoming/ beside them."""
     files = fineweb_files(3)
     with LocalServer(files) as server:
         data_dir = prepare.prepare("fineweb10B", shards=2, out=tmp_path / "fw", url=server.url, quiet=True)
@@ -579,6 +580,7 @@ def test_fineweb_failed_extension_keeps_the_dataset(tmp_path):
     with pytest.raises(DownloadError, match="fineweb_train_000003.bin failed after .* cannot reach host"):
         prepare.prepare("fineweb10B", shards=3, out=data_dir, url=dead, quiet=True)
     assert (data_dir / "meta.json").read_text() == before
+    assert not (data_dir / ".incoming").exists()  # nothing arrived: no empty folder left behind
     meta = load_meta(data_dir)
     assert [p.name for p in find_shards(data_dir, "train")] == meta["train_files"] == \
         ["fineweb_train_000001.bin", "fineweb_train_000002.bin"]
