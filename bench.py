@@ -109,16 +109,11 @@ def parse_args():
     if bool(args.plot) != bool(args.inputs):
         p.error("--plot and JSON files go together: python bench.py --plot=OUT.png A.json B.json ...")
     if args.plot:  # as --json: checked before the input files are read, and named as written
-        if not Path(args.plot).suffix:  # matplotlib would write a PNG under PLOT.png
-            args.plot += ".png"
-        from matplotlib.backend_bases import FigureCanvasBase
-        formats = FigureCanvasBase.get_supported_filetypes()
-        if Path(args.plot).suffix[1:].lower() not in formats:
-            p.error(f"--plot={args.plot}: matplotlib cannot write {Path(args.plot).suffix} files; "
-                    f"end the name in one of .{', .'.join(sorted(formats))}")
-        problem = cannot_write(args.plot)
-        if problem:
-            p.error(f"cannot write --plot {args.plot}: {problem}")
+        from figures import picture_path
+        try:
+            args.plot = picture_path(args.plot, "plot")
+        except ValueError as e:
+            p.error(str(e))
     if args.compile_sublayers and not args.compile:
         p.error("--compile_sublayers chooses what --compile compiles: pass --compile as well")
     try:

@@ -23,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
 import configurator  # noqa: E402
 from common import REFERENCE, cannot_write, die, read_train_args, run_settings, split_point, sublayer_routes  # noqa: E402
@@ -36,6 +37,21 @@ TRAIN = ROOT / "train.py"
 
 COLORS = {"standard": "black", "attnres": "tab:blue", "delta": "tab:red", "rd": "tab:green", "rd_fixedv": "tab:olive",
           "lowrank": "tab:purple", "dlr": "tab:orange"}
+
+
+def picture_path(path, option):
+    """The file matplotlib writes for `--option=path` (NAME.png for a NAME without an extension), checked
+    before any work: a ValueError says what to change where matplotlib does not know the format, or the
+    folder cannot be written."""
+    path = str(path) if Path(path).suffix else f"{path}.png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(path).suffix[1:].lower() not in formats:
+        raise ValueError(f"--{option}={path}: matplotlib cannot write {Path(path).suffix} files; end the name in one "
+                         f"of .{', .'.join(sorted(formats))}")
+    problem = cannot_write(path)
+    if problem:
+        raise ValueError(f"cannot write --{option}={path} ({problem}): give a path in a folder you can write")
+    return path
 
 
 def save(fig, path):
@@ -436,16 +452,12 @@ def parse_args(argv=None):
     if args.figure == "width" and args.n_layer is None:
         parser.error("the width figure compares widths at one depth: give --n_layer")
     args.out = args.out or f"delta_vs_{args.figure}.png"
-    if not Path(args.out).suffix:  # matplotlib would write a PNG under OUT.png: name the file written
-        args.out += ".png"
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    problem = cannot_write(args.out)
-    if problem:
-        raise ValueError(f"cannot write {args.out} ({problem}): give --out a path in a folder you can write")
+    args.out = picture_path(args.out, "out")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     scale = "nats, run − {}, mean ± std over seeds; wins/seeds".format(REFERENCE)
     if args.figure == "depth":

@@ -412,8 +412,8 @@ def test_a_plot_that_cannot_be_written_is_refused_before_the_inputs_are_read(rep
     (tmp_path / "a_file").write_text("")
     plot_width = bench.plot_width
     monkeypatch.setattr(bench, "plot_width", lambda paths, out: pytest.fail("plotted before checking --plot"))
-    for path, problem in ((tmp_path / "a_file" / "p.png", f"cannot write --plot {tmp_path / 'a_file' / 'p.png'}: "
-                                                            f"{tmp_path / 'a_file'} is a file, not a folder"),
+    for path, problem in ((tmp_path / "a_file" / "p.png", f"cannot write --plot={tmp_path / 'a_file' / 'p.png'} "
+                                                            f"({tmp_path / 'a_file'} is a file, not a folder)"),
                           (tmp_path / "p.xyz", "matplotlib cannot write .xyz files; end the name in one of .")):
         monkeypatch.setattr(sys, "argv", ["bench.py", f"--plot={path}", str(run)])
         with pytest.raises(SystemExit) as e:

@@ -236,12 +236,21 @@ def test_an_out_path_that_cannot_be_written_is_one_line(grids, tmp_path):
     depth, width = grids
     (tmp_path / "file").write_text("")
     out = tmp_path / "file" / "d.png"
-    with pytest.raises(ValueError, match=rf"^cannot write {out} \({tmp_path / 'file'} is a file, not a folder\): give "
-                                         "--out a path in a folder you can write$"):
+    with pytest.raises(ValueError, match=rf"^cannot write --out={out} \({tmp_path / 'file'} is a file, not a folder\): "
+                                         "give a path in a folder you can write$"):
         figures.main(["depth", str(depth), str(width), f"--out={out}"])
     (tmp_path / "taken.png").mkdir()
-    with pytest.raises(ValueError, match=rf"^cannot write {tmp_path / 'taken.png'} \(it is a folder\)"):
+    with pytest.raises(ValueError, match=rf"^cannot write --out={tmp_path / 'taken.png'} \(it is a folder\)"):
         figures.main(["depth", str(depth), str(width), f"--out={tmp_path / 'taken.png'}"])
+
+
+def test_an_out_format_matplotlib_cannot_write_is_refused_before_the_grids_are_read(tmp_path, monkeypatch):
+    """--out=d.xyz is one line naming the formats there are, before any grid is read (it was matplotlib's
+    error once the figure was drawn)."""
+    monkeypatch.setattr(figures, "deltas_by_depth", lambda folders: pytest.fail("read the grids before checking --out"))
+    with pytest.raises(ValueError, match=rf"^--out={tmp_path / 'd.xyz'}: matplotlib cannot write .xyz files; end the "
+                                         r"name in one of \..*\.png"):
+        figures.main(["depth", str(tmp_path / "no_grid"), f"--out={tmp_path / 'd.xyz'}"])
 
 
 def test_an_out_path_without_an_extension_is_written_and_named_as_a_png(grids, tmp_path, capsys):
