@@ -417,11 +417,11 @@ def run(args):
                             "compile_s": row.compile_s[phase] if args.compile else None})
     for row in results:  # memory, training only (what a training step keeps; decoding is not measured)
         if row["phase"] == "train":
-            row["peak_mem_mb"] = by_name[row["name"]].peak_mem
+            row["peak_mem_mb"] = by_name[row["name"]].peak_mem  # MiB (2^20 bytes), as the published files have it
             row["mem_ratio"] = row["peak_mem_mb"] / by_name[row["reference"]].peak_mem
 
     print()
-    print(f"| {'row':<22} | {'phase':<6} | {'tokens/s':>10} | {'ratio':>6} | {'vs':<16} | {'peak MB':>8} | {'mem ratio':>9} | {'MFU':>6} |")
+    print(f"| {'row':<22} | {'phase':<6} | {'tokens/s':>10} | {'ratio':>6} | {'vs':<16} | {'peak MiB':>8} | {'mem ratio':>9} | {'MFU':>6} |")
     print(f"|{'-' * 24}|{'-' * 8}|{'-' * 12}|{'-' * 8}|{'-' * 18}|{'-' * 10}|{'-' * 11}|{'-' * 8}|")
     for r in results:
         mem = f"{r['peak_mem_mb']:.0f}" if r["phase"] == "train" else ""
