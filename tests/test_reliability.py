@@ -7,6 +7,7 @@ train.py cannot use is a one-line error. Verified downloads (the published sha25
 with the other downloads, in test_prepare.py.
 """
 
+import importlib.util
 import os
 import struct
 import subprocess
@@ -40,7 +41,7 @@ class Payload:
 
 
 def test_a_payload_checkpoint_is_refused_by_every_entry_point_and_never_runs(tmp_path):
-    """train.py (resume and init_from), sample.py and fold.py each refuse it in one line; its code never runs."""
+    """train.py (resume and init_from), sample.py, fold.py and eval.py each refuse it in one line; its code never runs."""
     data = make_dataset(tmp_path / "data")
     marker = tmp_path / "payload_ran"
     model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
@@ -54,6 +55,9 @@ def test_a_payload_checkpoint_is_refused_by_every_entry_point_and_never_runs(tmp
         "sample.py": [sys.executable, REPO / "sample.py", f"--out_dir={ckpt.parent}"],
         "fold.py": [sys.executable, REPO / "fold.py", f"--ckpt={ckpt}", f"--out={tmp_path / 'folded.pt'}"],
     }
+    if importlib.util.find_spec("lm_eval"):  # (eval.py stops earlier, in one line, without the harness)
+        commands["eval.py"] = [sys.executable, REPO / "eval.py", f"--ckpt={ckpt}", "--tasks=python_words",
+                               f"--include_path={REPO / 'docs' / 'tasks'}"]
     for name, command in commands.items():
         result = subprocess.run(list(map(str, command)), cwd=tmp_path, env=ENV, capture_output=True, text=True,
                                 timeout=120)
