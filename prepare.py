@@ -297,7 +297,11 @@ def refuse_another_recipe(data_dir, recipe):
     if not is_complete(data_dir):  # no meta.json, an unusable one, or shards it does not count: nothing to keep
         return
     held = load_meta(data_dir).get("recipe")
-    elsewhere = f"prepare into a folder of its own (--out {data_dir}_{recipe.get('tokenizer') or 'new'}), or delete {data_dir} first"
+    # a folder of its own: named for the dataset where that differs (data/pydocs), else for the tokenizer (data/shakespeare_gpt2)
+    own = data_dir.parent / recipe["dataset"]
+    if own == data_dir or (held or {}).get("dataset") == recipe["dataset"]:
+        own = Path(f"{data_dir}_{recipe.get('tokenizer') or 'new'}")
+    elsewhere = f"prepare into a folder of its own (--out {own}), or delete {data_dir} first"
     if held is None:
         raise ValueError(f"{data_dir} holds a complete dataset that prepare.py did not make (its meta.json names no "
                          f"recipe): {elsewhere}")

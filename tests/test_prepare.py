@@ -490,6 +490,10 @@ def test_another_tokenizer_never_replaces_a_prepared_dataset(tmp_path, play_serv
                             f"of its own (--out {data_dir}_gpt2), or delete {data_dir} first")
     assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before
     assert play_server.count("/input.txt") == 1
+    with pytest.raises(ValueError) as e:  # another dataset: a folder named for it
+        prepare.prepare("pydocs", out=data_dir, quiet=True)
+    assert str(e.value).endswith(f"with dataset shakespeare, not pydocs: prepare into a folder of its own (--out "
+                                 f"{tmp_path / 'pydocs'}), or delete {data_dir} first")
     gpt2 = prepare.prepare("shakespeare", out=f"{data_dir}_gpt2", tokenizer="gpt2", url=play_server.url, quiet=True)
     meta, tok, cut = load_meta(gpt2), get_tokenizer("gpt2"), int(len(PLAY) * 0.9)
     assert (meta["tokenizer"], meta["vocab_size"], meta["eot"]) == ("gpt2", 50257, 50256)
