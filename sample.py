@@ -17,6 +17,7 @@ the Jensen-Shannon divergence between each layer's QK and V routes.
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -172,4 +173,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # the reader stopped early (sample.py | head): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would raise it again
+        sys.exit(1)

@@ -491,6 +491,19 @@ def test_bad_options_and_prompt_files_are_one_line(tmp_path, capsys):
     assert code == 0, err  # (at that temperature the greedy draw: test_model's test_a_tiny_temperature_draws...)
 
 
+def test_a_reader_that_stops_early_stops_sampling_quietly(tmp_path):
+    """python sample.py | head: once head has its lines, the next print finds the pipe closed; sample.py then
+    stops without a BrokenPipeError traceback."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt")
+    proc = subprocess.Popen([sys.executable, str(Path(sample.__file__)), f"--ckpt={ckpt}", "--num_samples=1000",
+                             "--max_new_tokens=20", "--device=cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.stdout.read(100)  # what head reads, then it exits
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == b""
+
+
 def test_long_prompt_is_cropped_with_a_note(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="delta")
     prompt = tmp_path / "prompt.txt"
