@@ -10,11 +10,16 @@ Per token, with m sources s_i (each [B, T, d]) and the route's pseudo-query w ([
 
 Backward, with g = dL/dmix:
 
-    gs_i    = g . s_i
+    gs_i    = g . s_i                          = dL/da_i
     gmix    = g . mix                          (= sum_k a_k gs_k; with bf16 sources, of the mix as stored)
     delta_i = a_i (gs_i - gmix)                = dL/dlogit_i, the softmax backward
     dL/ds_i = a_i g + delta_i r_i (w - logit_i r_i s_i / d)
     dL/dw   = sum over tokens of sum_i delta_i r_i s_i
+
+dL/ds_i is the mix's direct term a_i g plus delta_i dlogit_i/ds_i, where dlogit_i/ds_i = r_i w + (s_i . w)
+dr_i/ds_i and dr_i/ds_i = -r_i^3 s_i / d: so r_i (w - logit_i r_i s_i / d). gmix is read from the stored mix,
+not summed over the sources: it is then known before the first source is read, and each source's gradient
+is written as the source is read, in one pass (sum_k a_k gs_k would take a pass of its own).
 
 Why: the eager route is memory-bound, a chain of passes over [B, T, d] per source in each direction.
 Here the forward reads each source once and writes the mix; the backward reads g, the mix and each
@@ -152,7 +157,8 @@ def _slot_mask(rows, i, m):
 
 @triton.jit
 def _softmax_accumulate(logit, s, run_max, run_sum, acc):
-    """One source into a running softmax-weighted sum: the new (max, sum of exp, weighted sum)."""
+    """One source into a running softmax-weighted sum: the new (max, sum of exp(logit - max), sum of
+    exp(logit - max) s), both sums relative to the running max, rescaled whenever it grows."""
     new_max = tl.maximum(run_max, logit)
     rescale = tl.exp(run_max - new_max)  # 0 at the first source (run_max = -inf)
     p = tl.exp(logit - new_max)
@@ -163,7 +169,7 @@ def _softmax_accumulate(logit, s, run_max, run_sum, acc):
 def _route_fwd_kernel(
     sources,  # tuple of NB pointers, each to an [N, D] source (slots >= m pad with the first)
     mix_ptr, mix2_ptr,  # [N, D] out, the sources' dtype (mix2: the second route's, PAIRED only)
-    lse_ptr,  # [NQ, N] out, float32: log-sum-exp of the logits, all the backward needs to rebuild a_i
+    lse_ptr,  # [NQ, N] out, float32: log-sum-exp of the logits: with the logits it recomputes, the backward's a_i
     query_ptr,  # [NQ, D]: NQ = 2 routes over the same sources when PAIRED, else 1
     m, n_tokens,
     # the floats are constexpr: a Python float passed as a runtime argument becomes float64 under Inductor
@@ -175,6 +181,8 @@ def _route_fwd_kernel(
     row_ok = rows < n_tokens
     mask = row_ok[:, None] & (cols < D)[None, :]
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]  # int64: N * D can pass 2^31
+    # rows past n_tokens and columns past D (BLOCK_D pads D to a power of two) load zeros: they add nothing to
+    # |s|^2 or s . w (INV_D is 1 / D, not 1 / BLOCK_D), and none of their mix or lse is stored
     w = tl.load(query_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
     w2 = w
     if PAIRED:
@@ -216,10 +224,10 @@ def _route_part_grad(s, r, w, g, gmix, lse, INV_D: tl.constexpr):
     logit = _logit(s, r, w)
     a = tl.exp(logit - lse)  # a_i
     delta = a * (tl.sum(g * s, axis=1) - gmix)  # delta_i = a_i (g . s_i - g . mix)
-    dr = delta * r
+    delta_r = delta * r
     # dL/ds_i = a_i g + delta_i r_i (w - logit_i r_i s_i / d);   dL/dw += delta_i r_i s_i
-    ds = a[:, None] * g + dr[:, None] * (w[None, :] - (logit * r * INV_D)[:, None] * s)
-    return ds, tl.sum(dr[:, None] * s, axis=0)
+    ds = a[:, None] * g + delta_r[:, None] * (w[None, :] - (logit * r * INV_D)[:, None] * s)
+    return ds, tl.sum(delta_r[:, None] * s, axis=0)
 
 
 @triton.jit
@@ -239,13 +247,14 @@ def _route_bwd_kernel(
     col_ok = cols < D
     mask = row_ok[:, None] & col_ok[None, :]
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    # masked rows and columns load zeros, which make delta_i = 0 there: no NaN, no stray dw
+    # masked rows load zeros (s, g, mix; lse = 0), so a_i = 1 and delta_i = 0 there; masked columns of s, w and
+    # g load zeros, which add nothing to any sum and give 0 in ds and dw there: no NaN, no stray dw
     w = tl.load(query_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     gmix = tl.sum(g * tl.load(mix_ptr + offs, mask=mask, other=0.0).to(tl.float32), axis=1)  # g . mix
     lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
     dw = tl.zeros([BLOCK_D], tl.float32)
-    w2, g2, gmix2, lse2, dw2 = w, g, gmix, lse, dw
+    w2, g2, gmix2, lse2, dw2 = w, g, gmix, lse, dw  # route 2's: dw2 starts at 0, the rest are loaded when PAIRED
     if PAIRED:
         w2 = tl.load(query_ptr + D + cols, mask=col_ok, other=0.0).to(tl.float32)
         g2 = tl.load(grad2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
