@@ -202,6 +202,57 @@ def test_a_route_over_no_tokens():
         assert dw.shape == dw2.shape == (24,) and not dw.any() and not dw2.any()
 
 
+def inside_guards(shape, dtype, fill=float("nan"), guard=float("nan"), pad=1024):
+    """A contiguous tensor of `shape` filled with `fill`, a view into a buffer that holds `pad` elements of
+    `guard` on each side of it: (the view, the buffer)."""
+    buffer = torch.full((shape.numel() + 2 * pad,), guard, dtype=dtype, device=DEVICE)
+    view = buffer[pad:pad + shape.numel()].view(shape)
+    view.fill_(fill)
+    return view, buffer
+
+
+@pytest.mark.parametrize("routes", [1, 2])
+def test_kernels_read_and_write_only_inside_their_tensors(routes):
+    """The kernels launched on tensors with NaN on both sides and NaN-filled outputs: a read past a source,
+    a query or g (or into a feature column or token past the end: d = 33 pads to 64, 17 tokens to 2 tiles of
+    16) would turn up as NaN in the outputs; a write past an output would change a guard; an output element
+    left unwritten (of the mix, lse, a gradient or a tile's dL/dw partial) would stay NaN. The tests above
+    see only what lands inside the outputs, which torch.empty allocates with whatever the memory held."""
+    m, N, d, guard = 5, 17, 33, 1234.0
+    g = torch.Generator().manual_seed(0)
+
+    def filled(shape, dtype=torch.float32, scale=1.0):
+        view, _ = inside_guards(torch.Size(shape), dtype)
+        view.copy_(torch.randn(shape, generator=g) * scale)
+        return view
+
+    sources = [filled((N, d), scale=0.5 + i) for i in range(m)]
+    queries = filled((routes, d), scale=1.5 / d ** 0.5)
+    grads_out = [filled((N, d)) for _ in range(routes)]
+    (lse, lse_buffer), *mixes = [inside_guards(torch.Size(shape), torch.float32, guard=guard)
+                                 for shape in [(routes, N)] + [(N, d)] * routes]
+    grid, n, constants = kernels._launch(sources, routes)
+    assert grid == (2,) and constants["BLOCK_D"] == 64  # a part-masked tile, padded columns
+    outputs = [lse_buffer] + [b for _, b in mixes]
+    mixes = [v for v, _ in mixes]
+    kernels._route_fwd_kernel[grid](kernels._padded(sources), mixes[0], mixes[-1], lse, queries, m, n, **constants)
+    grads = [inside_guards(torch.Size((N, d)), torch.float32, guard=guard) for _ in range(m)]
+    dw, dw_buffer = inside_guards(torch.Size((routes, grid[0], d)), torch.float32, guard=guard)
+    outputs += [b for _, b in grads] + [dw_buffer]
+    grads = [v for v, _ in grads]
+    kernels._route_bwd_kernel[grid](grads_out[0], mixes[0], grads_out[-1], mixes[-1], lse, queries,
+                                    kernels._padded(sources), kernels._padded(grads), dw, m, n, **constants)
+    for buffer in outputs:
+        assert (buffer[:1024] == guard).all() and (buffer[-1024:] == guard).all(), "a write past an output"
+    for t in [lse, *mixes, *grads, dw]:
+        assert t.isfinite().all(), "an output element read NaN from outside its inputs, or was never written"
+    reference = paired_and_grads(lambda *ws_and_sources: tuple(reference_route(w, ws_and_sources[-1])
+                                                               for w in ws_and_sources[:-1]),
+                                 list(queries), sources, grads_out, dtype=torch.float64)
+    for fused, ref in zip([*mixes, *dw.sum(dim=1), *grads], reference):
+        assert_close(fused, ref, 1e-5, f"{routes} route(s), guarded")
+
+
 @pytest.mark.parametrize("paired", [False, True])
 def test_compiled_route_is_one_node_each_way(paired):
     """torch.compile sees one nanoattnres::route node in the forward graph and one route_backward in the
