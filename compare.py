@@ -39,7 +39,7 @@ of a sweep are named so (folders too: runs/n_layer=16/rd/res_blocks=4/seed0). Ea
 `python train.py <config> --out_dir=<out_dir>/compare/runs/<name>/seed<k> --seed=<k> <the run's
 settings> <your --key=value>`. A run whose log.jsonl has a `done` event is not trained again, so
 rerunning the command resumes the grid (an unfinished run continues from its checkpoint, exactly, or starts
-over where it has none; Ctrl-C stops the running ones with a checkpoint each, with always_save_checkpoint=True,
+over where it has none; Ctrl-C or SIGTERM stops the running ones with a checkpoint each, with always_save_checkpoint=True,
 train.py's default). Runs are told apart by the settings their arguments stand for, not by how the
 command spells them: the same flags in another order are the same runs. A checkpoint is never deleted:
 one begun with other train.py settings or other code (the repository's .py files and the config file)
@@ -968,10 +968,12 @@ def main(argv):
                                   [estimate[n] for n, _ in queue] if not errors else [], jobs)
                 val = finished(read_log(run_dir))["val_loss"]
                 print(f"[{n_done}/{len(todo)}] {name} seed{seed}: val loss {val:.4f} in {hms(wall)}; ETA {hms(eta)}", flush=True)
-    except BaseException:  # Ctrl-C (or an error here): each running train.py stops at its next log line with a checkpoint
+    except BaseException:  # Ctrl-C, SIGTERM (or an error here): each running train.py stops at its next log line with a checkpoint
         for proc, *_ in running.values():
             if os.name != "nt":  # (on Windows the console sends Ctrl-C to every process itself)
-                proc.send_signal(signal.SIGINT)  # (if the terminal signalled it too, train.py takes both as one request)
+                # SIGTERM, not SIGINT: a grid started in the background (nohup ... &) has SIGINT ignored, and so has train.py;
+                # train.py stops on either the same way (and takes the terminal's signal and this one as one request)
+                proc.send_signal(signal.SIGTERM)
         for proc, *_ in running.values():
             proc.wait()
         raise
@@ -995,6 +997,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # a scheduler's or `kill`'s SIGTERM stops the grid as Ctrl-C does: without this, compare.py would die at once
+    # and leave its train.py processes running, unwatched, in the folders a rerun would train in too
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         main(sys.argv[1:])
     except (ValueError, RuntimeError) as e:
