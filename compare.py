@@ -561,6 +561,11 @@ def parse_args(argv):
         if any(a[2:].partition("=")[0] == key for a in rest):
             raise ValueError(f"--{key} is swept: give its values in --sweep only")
         configurator.configure(TRAIN_DEFAULTS, [f"--{key}={v}" for v in values], str(TRAIN))  # each value checked
+        parsed = [configurator.read_value(key, v, TRAIN_DEFAULTS) for v in values]
+        for i, value in enumerate(parsed):  # a value twice would train its runs twice, at once in one folder with --jobs
+            if value in parsed[:i]:
+                raise ValueError(f"--sweep={options['sweep']}: {values[parsed.index(value)]} and {values[i]} are "
+                                 "the same value: give each value once")
         options["sweep"] = (key, values)
     return (configs[0] if configs else None), options, [a for a in rest if a.startswith("--")]
 
