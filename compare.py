@@ -554,6 +554,9 @@ def parse_args(argv):
         values = [v for v in values.split(",") if v]
         if not sep or not values:
             raise ValueError(f"--sweep={options['sweep']}: use --sweep=key=value,value,... e.g. --sweep=n_layer=4,8,16")
+        if any("/" in v for v in values):  # (the value starts each run's name and folder: runs/key=value/<run>)
+            raise ValueError(f"--sweep={options['sweep']}: a value with a '/' cannot name the runs' folders: give values "
+                             "without one (a dataset by its folder name in data/)")
         if key in RUN_KEYS or key in ("seed", "out_dir"):
             raise ValueError(f"--sweep: {key} cannot be swept (each run or --seeds sets it, or it is where the grid lives)")
         if key not in TRAIN_DEFAULTS:

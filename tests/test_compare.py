@@ -150,7 +150,7 @@ def test_grid_options_that_would_mix_or_lose_runs_are_refused(capsys):
     """What would make every seed the same run, drop a config file, or train nothing is refused before
     anything runs: --seed (the runs use seeds 0..N-1), a second config file, --seeds or --jobs below 1,
     a sweep without values or of seed or out_dir, a sweep value given twice (its runs would train twice, with
-    --jobs at once in one folder), however spelled."""
+    --jobs at once in one folder), however spelled, or a path (it would split the runs' names)."""
     config = str(ROOT / "config" / "train_shakespeare_char.py")
     refused = {"--seed: use --seeds=N": ["--seed=3"],
                "one config file only": [config, str(ROOT / "config" / "train_gpt2_fineweb.py")],
@@ -160,7 +160,8 @@ def test_grid_options_that_would_mix_or_lose_runs_are_refused(capsys):
                "--sweep: seed cannot be swept": ["--sweep=seed=1,2"],
                "--sweep: out_dir cannot be swept": ["--sweep=out_dir=a,b"],
                "--sweep=n_layer=2,4,2: 2 and 2 are the same value": ["--sweep=n_layer=2,4,2"],
-               "--sweep=learning_rate=1e-3,0.001: 1e-3 and 0.001 are the same value": ["--sweep=learning_rate=1e-3,0.001"]}
+               "--sweep=learning_rate=1e-3,0.001: 1e-3 and 0.001 are the same value": ["--sweep=learning_rate=1e-3,0.001"],
+               "--sweep=dataset=data/a,b: a value with a '/'": ["--sweep=dataset=data/a,b"]}
     for message, argv in refused.items():
         with pytest.raises(ValueError, match=f"^{message}"):
             compare.parse_args(argv)
