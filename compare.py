@@ -321,10 +321,12 @@ def aggregate(records, names):
 # results.md
 
 def fmt(x, digits=4, sign=False):
+    """A table cell's number: `digits` decimals, with its sign if `sign`; "" for None (nothing measured)."""
     return "" if x is None else f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
 def pm(mean, std, digits=4, sign=False, unit=""):
+    """A table cell's "mean ± std" (mean alone where std is None: one seed); "" for no mean."""
     if mean is None:
         return ""
     return fmt(mean, digits, sign) + unit + ("" if std is None else f" ± {fmt(std, digits)}{unit}")
@@ -580,6 +582,8 @@ def train_settings(config, passthrough):
 
 
 def train_command(config, run_dir, seed, name, passthrough):
+    """The train.py command line of run `name` at `seed`, writing in run_dir: the run's own settings come
+    before the command line's (passthrough), which may override none of them (parse_args refuses it)."""
     settings = run_settings(name)
     return ([sys.executable, str(TRAIN)] + ([config] if config else []) +
             [f"--out_dir={run_dir}", f"--seed={seed}", f"--wandb_run_name={name}/seed{seed}"] +
@@ -650,6 +654,24 @@ def changed_setting(config, run_dir, seed, name, passthrough):
         if key in trained and not resolved and trained[key] != value:
             return key, trained[key], value, given[key]
     return None
+
+
+def check_finished(config, run_dir, seed, name, passthrough, args, publish):
+    """A ValueError, saying how to retrain it, where the finished run in run_dir trained with other settings
+    than the grid gives it now: other train.py arguments (train_args.json, args: the grid's) or, whether or
+    not it has that file, another setting its log records (changed_setting)."""
+    published = Path(publish) / "runs" / name / f"seed{seed}" if publish else None
+    retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete {run_dir}"
+               + (f" and {published}" if published and published.exists() else "") + " to retrain it")
+    if (run_dir / "train_args.json").exists():
+        began = read_train_args(run_dir / "train_args.json", f"delete it to have the run checked against its log, or {retrain}")
+        differ = differing_args(began, args)
+        if differ:
+            raise ValueError(f"{run_dir} finished with other train.py arguments ({'; '.join(differ)}): {retrain}")
+    changed = changed_setting(config, run_dir, seed, name, passthrough)
+    if changed:
+        key, trained, now, where = changed
+        raise ValueError(f"{run_dir} finished with {key}={trained!r}, but {where} now gives {key}={now!r}: {retrain}")
 
 
 def writable(folder, option):
@@ -729,6 +751,7 @@ def resumable(run_dir, args, code):
 
 
 def failure(cmd, run_dir, rc, log="train.log"):
+    """The RuntimeError for a train.py (or eval.py) that exited with rc: the end of its log, its command."""
     tail = (run_dir / log).read_text().splitlines()[-15:]
     resumed = ("\nit continued the run from its checkpoint: delete the folder to train it from the start"
                if "--init_from=resume" in cmd else "")
@@ -736,8 +759,8 @@ def failure(cmd, run_dir, rc, log="train.log"):
                         + f"\ncommand: {' '.join(cmd)}" + resumed)
 
 
-def train(cmd, run_dir, env=None):
-    """Run train.py to the end; the wall time in seconds. A failure ends the grid."""
+def train_probe(cmd, run_dir, env=None):
+    """Run a timing probe's train.py to the end; its wall time in seconds (failure()'s RuntimeError if it fails)."""
     t0 = time.time()
     rc = launch(cmd, run_dir, env).wait()
     if rc != 0:
@@ -792,7 +815,7 @@ def estimate_run_s(config, name, passthrough, env):
                  "--wandb_log=False"]  # a probe is no run to report
         cmd = train_command(config, tmp, 0, name, passthrough + probe)
         try:
-            wall = train(cmd, Path(tmp), env)
+            wall = train_probe(cmd, Path(tmp), env)
         except RuntimeError:
             last = ((Path(tmp) / "train.log").read_text().splitlines() or [""])[-1]
             if last.startswith("error: "):  # train.py refused the run's settings: its one line, not a log about to go
@@ -898,22 +921,10 @@ def main(argv):
     for name, seed in plan:  # a run begun or finished with other settings would not be comparable
         run_dir = runs_dir / name / f"seed{seed}"
         args = train_args(config, run_dir, seed, name, passthrough)
-        if (name, seed) in todo:
-            if not options["report"]:
-                resumable(run_dir, args, code)  # a checkpoint the grid cannot continue stops it now, before any run
-            continue
-        published = Path(publish) / "runs" / name / f"seed{seed}" if publish else None
-        retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete {run_dir}"
-                   + (f" and {published}" if published and published.exists() else "") + " to retrain it")
-        if (run_dir / "train_args.json").exists():
-            began = read_train_args(run_dir / "train_args.json", f"delete it to have the run checked against its log, or {retrain}")
-            differ = differing_args(began, args)
-            if differ:
-                raise ValueError(f"{run_dir} finished with other train.py arguments ({'; '.join(differ)}): {retrain}")
-        changed = changed_setting(config, run_dir, seed, name, passthrough)
-        if changed:
-            key, trained, now, where = changed
-            raise ValueError(f"{run_dir} finished with {key}={trained!r}, but {where} now gives {key}={now!r}: {retrain}")
+        if (name, seed) not in todo:
+            check_finished(config, run_dir, seed, name, passthrough, args, publish)
+        elif not options["report"]:
+            resumable(run_dir, args, code)  # a checkpoint the grid cannot continue stops it now, before any run
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:
