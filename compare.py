@@ -136,6 +136,10 @@ def select_runs(runs, sweep=None):
     names = GRIDS[runs] if runs in GRIDS else [n for n in runs.split(",") if n]
     if not names:
         raise ValueError(f"--runs={runs!r} names no runs: use {', '.join(GRIDS)} or a comma list of run names")
+    grids = [n for n in names if n in GRIDS]  # (no run is named like a grid)
+    if grids:
+        raise ValueError(f"--runs={runs}: a grid ({', '.join(grids)}) goes alone, not in a list: give one grid (all is "
+                         "residual and lowrank together) or a comma list of run names")
     canonical = []
     for name in names:
         point, kind = split_point(name)

@@ -65,6 +65,8 @@ def test_run_names_round_trip():
     for bad in ("resnet", "lowrank", "attnres/res_blocks=x", "standard/res_blocks=4", "delta/depth=3"):
         with pytest.raises(ValueError):
             compare.run_settings(bad)
+    with pytest.raises(ValueError, match=r"^--runs=residual,lowrank: a grid \(residual, lowrank\) goes alone"):
+        compare.select_runs("residual,lowrank")  # grids do not combine: not "run 'residual' must start with ..."
 
 
 def test_sweep_names_and_pairing_per_value():
