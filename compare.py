@@ -766,7 +766,13 @@ def failure(cmd, run_dir, rc, log="train.log"):
 def train_probe(cmd, run_dir, env=None):
     """Run a timing probe's train.py to the end; its wall time in seconds (failure()'s RuntimeError if it fails)."""
     t0 = time.time()
-    rc = launch(cmd, run_dir, env).wait()
+    proc = launch(cmd, run_dir, env)
+    try:
+        rc = proc.wait()
+    except BaseException:  # Ctrl-C or SIGTERM: a probe is no run to keep, and must not outlive the grid (and its folder)
+        proc.kill()
+        proc.wait()
+        raise
     if rc != 0:
         raise failure(cmd, run_dir, rc)
     return time.time() - t0

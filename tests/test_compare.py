@@ -801,6 +801,23 @@ def test_after_a_failed_run_the_running_ones_finish_and_no_queued_run_starts(tmp
     assert "[1/3] standard seed1" in capsys.readouterr().out
 
 
+
+def test_a_stopped_grid_stops_its_timing_probe(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM while a timing probe runs: the probe's train.py is ended with the grid, not left
+    training in its temporary folder."""
+    class Probe:
+        killed = False
+        def wait(self):
+            if not self.killed:
+                raise KeyboardInterrupt
+        def kill(self):
+            self.killed = True
+    probe = Probe()
+    monkeypatch.setattr(compare, "launch", lambda *a, **k: probe)
+    with pytest.raises(KeyboardInterrupt):
+        compare.estimate_run_s(None, "standard", [f"--out_dir={tmp_path}"], {})
+    assert probe.killed
+
 def test_an_output_folder_that_cannot_be_written_stops_the_grid_at_once(tmp_path, monkeypatch):
     """--out_dir or --publish where no folder can be made (here under a file, which stops root too) is a
     one-line error before anything runs: no timing probe first, no traceback after the runs."""
