@@ -998,6 +998,19 @@ def test_tiny_grid_end_to_end(tmp_path, dataset, capsys, monkeypatch):
     assert results2["machine"] == f"{device_name('cpu')}, torch {torch.__version__}"
 
 
+def grid_running(out_dir, grid, preexec_fn):
+    """compare.py started on `grid` in out_dir (one thread a run), returned once its first run, standard
+    seed 0, has logged iteration 20: (the process, that run's log.jsonl)."""
+    process = subprocess.Popen([sys.executable, str(ROOT / "compare.py"), f"--out_dir={out_dir}", *grid],
+                               cwd=out_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1"}, preexec_fn=preexec_fn)
+    log = out_dir / "compare" / "runs" / "standard" / "seed0" / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and '"iter": 20,' in log.read_text()):
+        time.sleep(0.02)
+    return process, log
+
+
 def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, dataset, capsys, monkeypatch):
     """Ctrl-C in compare.py mid-run: the running train.py stops with a checkpoint; the same command again
     continues that run from it, its log's lines up to there kept, not trained again, and trains the rest
@@ -1007,13 +1020,7 @@ def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, 
     grid = ["--runs=delta", "--seeds=1", f"--dataset={dataset}", *TINY, "--always_save_checkpoint=True",
             "--max_iters=1000", "--lr_decay_iters=1000", "--eval_interval=500", "--eval_iters=1"]
     stopped = tmp_path / "stopped"
-    process = subprocess.Popen([sys.executable, str(ROOT / "compare.py"), f"--out_dir={stopped}", *grid],
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=takes_ctrl_c)
-    log = stopped / "compare" / "runs" / "standard" / "seed0" / "log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and '"iter": 20,' in log.read_text()):
-        time.sleep(0.02)
+    process, log = grid_running(stopped, grid, takes_ctrl_c)
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 130 and "running ones stop with a checkpoint" in output, output
@@ -1027,24 +1034,17 @@ def test_ctrl_c_stops_a_grid_and_the_rerun_continues_its_runs_exactly(tmp_path, 
     assert all(sorted(results["runs"][name]["val_loss"]) == [0] for name in ("standard", "delta/res_blocks=0"))
 
 
-
 def test_sigterm_stops_a_background_grid_and_its_runs_with_a_checkpoint(tmp_path, dataset):
     """`kill` (SIGTERM) to a grid started in the background, where SIGINT is ignored (nohup ... &): compare.py
     stops its running train.py with a checkpoint, as on Ctrl-C, rather than dying and leaving it training."""
     grid = ["--runs=standard", "--seeds=1", f"--dataset={dataset}", *TINY, "--always_save_checkpoint=True",
             "--max_iters=1000", "--lr_decay_iters=1000", "--eval_interval=500", "--eval_iters=1"]
-    process = subprocess.Popen([sys.executable, str(ROOT / "compare.py"), f"--out_dir={tmp_path}", *grid],
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1"},
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    log = tmp_path / "compare" / "runs" / "standard" / "seed0" / "log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and '"iter": 20,' in log.read_text()):
-        time.sleep(0.02)
+    process, log = grid_running(tmp_path / "grid", grid, lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 130 and "running ones stop with a checkpoint" in output, output
     assert compare.read_log(log.parent)[-1]["event"] == "stopped" and (log.parent / "ckpt.pt").exists()
+
 
 def test_a_failed_run_ends_the_grid(tmp_path, dataset):
     """A run that fails (a loss that diverges) ends the grid with its error once the running ones finish, and
