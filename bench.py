@@ -189,6 +189,10 @@ class Row:
         self.x = torch.randint(0, V, (B, T), generator=g).to(args.device)
         self.y = torch.randint(0, V, (B, T), generator=g).to(args.device)
         self.prompt = self.x[:, :PROMPT_TOKENS]
+        # one cache for every decoding round, emptied before each (its position set back to 0): on a GPU the
+        # compiled step is a CUDA graph that reads the cache's buffers at fixed addresses, and a new cache in
+        # a round would re-record the graph inside that round's timed tokens
+        self.cache = self.model.make_cache()
         self.times = {"train": [], "decode": []}
         self.peak_mem = None  # on the CPU counted from an eager step, compiled or not
 
@@ -212,7 +216,8 @@ class Row:
     def time_decode(self, n_tokens):
         """Seconds per decoded token, over n_tokens one-token steps after the prompt."""
         self.model.eval()
-        cache = self.model.make_cache()
+        cache = self.cache
+        cache.position.zero_()  # empty again, in place; slots past the position are masked, stale or zero
         with self.ctx:
             logits, _ = self.model(self.prompt, cache=cache)  # prefill, not timed
             synchronize(self.args.device)

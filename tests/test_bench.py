@@ -226,15 +226,44 @@ def test_a_round_times_seconds_per_step_and_per_decoded_token(monkeypatch):
     class Model:
         def eval(self): pass
         def train(self): pass
-        def make_cache(self): return "cache"
-        def __call__(self, tokens, cache):  # the prefill
-            assert tokens.shape == (2, 16) and cache == "cache"
+        def __call__(self, tokens, cache):  # the prefill, into the row's cache emptied
+            assert tokens.shape == (2, 16) and cache is row.cache and cache.position == 0
             clock[0] += 10.0
             return logits, None
     calls.clear()
     row = types.SimpleNamespace(args=cpu, ctx=nullcontext(), model=Model(), prompt=torch.zeros(2, 16, dtype=torch.long),
-                                decode_step=takes(0.125, logits))
+                                decode_step=takes(0.125, logits), cache=types.SimpleNamespace(position=torch.ones((), dtype=torch.long)))
     assert bench.Row.time_decode(row, 5) == 0.125 and calls == [0.125] * 5
+
+
+def test_every_decoding_round_reuses_one_cache_and_decodes_as_a_new_one(monkeypatch):
+    """The warm-up and every timed round decode into the same key-value buffers and position tensor (on a GPU
+    the compiled step's CUDA graph reads them at fixed addresses: a new cache per round would re-record it
+    inside the timed tokens), emptied before each round: every round's logits are those of a new cache."""
+    import bench
+    row = tiny_row("attnres/res_blocks=0", monkeypatch)
+    seen, logits = [], []
+    eager = row.decode_step
+
+    def step(token, cache):
+        seen.append((cache, cache.position, cache.k[0], cache.v[0]))  # (kept alive: no address is reused)
+        out = eager(token, cache)
+        logits.append(out)
+        return out
+    row.decode_step = step
+    for n in (bench.WARMUP_DECODE_TOKENS, 4, 4):
+        row.time_decode(n)
+    assert len(seen) == bench.WARMUP_DECODE_TOKENS + 8
+    assert all(all(a is b for a, b in zip(s, seen[0])) for s in seen)
+    with torch.no_grad():  # a new cache, as the first round had
+        cache = row.model.make_cache()
+        out, _ = row.model(row.prompt, cache=cache)
+        fresh = []
+        for _ in range(4):
+            out = row.model(out[:, -1].argmax(dim=-1, keepdim=True), cache=cache)[0]
+            fresh.append(out)
+    for round_logits in (logits[-8:-4], logits[-4:]):
+        assert all(torch.equal(a, b) for a, b in zip(round_logits, fresh))
 
 
 def test_ratio_mfu_and_memory_ratio_come_from_each_rows_fastest_round(tmp_path, monkeypatch):
