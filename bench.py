@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from common import (DTYPES, autocast, boolean, cannot_write, die, peak_flops, provenance, resolve_device_and_dtype,
+from common import (DTYPES, allow_tf32, autocast, boolean, cannot_write, die, peak_flops, provenance, resolve_device_and_dtype,
                     run_settings, synchronize, triton_version, write_atomic)
 from model import GPT, GPTConfig
 
@@ -377,6 +377,8 @@ def run(args):
                      else (f"the warm-up's {decoded} tokens", "raise --block_size"))
         die(f"decoding {what} after a {PROMPT_TOKENS}-token prompt needs block_size >= {PROMPT_TOKENS + decoded}: {fix}")
     ctx = autocast(args.device, args.dtype)
+    if args.device.startswith("cuda"):
+        allow_tf32()  # float32 matmuls on tensor cores, as train.py runs them (and as the peak below is measured)
 
     peak, peak_source = peak_flops(args.device, args.dtype, args.peak_tflops)
     compiled = (", compiled (training: the sublayers)" if args.compile_sublayers else ", compiled") if args.compile else ""

@@ -414,7 +414,8 @@ def synchronize(device):
 # Dense bfloat16 tensor-core peaks (float16 before Ampere), TFLOP/s without sparsity, from NVIDIA's
 # datasheets, under the exact names torch.cuda.get_device_name() gives. Exact, because a substring
 # confuses chips: "L4" is in "NVIDIA L40S" (121 against 362), and "H100" is both the SXM (989) and
-# the PCIe card (756). A GPU not listed here is measured like a CPU; peak_tflops overrides both.
+# the PCIe card (756). A GPU not listed here, or a float32 run, is measured like a CPU; peak_tflops
+# overrides both.
 GPU_PEAK_TFLOPS = {
     "NVIDIA B200": 2250,
     "NVIDIA H200": 989, "NVIDIA H200 NVL": 835,
@@ -461,13 +462,14 @@ def measured_matmul_flops(device, dtype):
 
 def peak_flops(device, dtype, peak_tflops=0.0):
     """(FLOP/s, where it comes from): MFU's denominator for one device. peak_tflops > 0 is taken as
-    given; a GPU in GPU_PEAK_TFLOPS gets its datasheet peak; anything else (a CPU, MPS, an unlisted
-    GPU) what measured_matmul_flops measures in the training dtype: the fraction of the machine's
-    practical matmul speed."""
+    given; a GPU in GPU_PEAK_TFLOPS computing in bfloat16 or float16 gets its datasheet peak (a 16-bit
+    tensor-core figure: float32, TF32 on tensor cores, peaks at half of it or less); anything else (a CPU,
+    MPS, an unlisted GPU, float32) what measured_matmul_flops measures in the training dtype: the
+    fraction of the machine's practical matmul speed."""
     import torch
     if peak_tflops > 0:
         return peak_tflops * 1e12, "peak_tflops"
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and dtype in ("bfloat16", "float16"):
         name = torch.cuda.get_device_name(device)
         if name in GPU_PEAK_TFLOPS:
             return GPU_PEAK_TFLOPS[name] * 1e12, f"the {name} datasheet"

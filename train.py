@@ -87,7 +87,7 @@ compile = False  # torch.compile the model
 compile_sublayers = False  # with compile: compile each layer's sublayers (two graphs every layer shares), routes left eager
 fused_route = True  # on CUDA, routes run as one Triton kernel each where Triton imports (False: model.py's plain route)
 bf16_sources = True  # fused route under bfloat16: routing sources (and block sums) in bfloat16, math in float32 (False: float32)
-peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure, or a measured matmul where none is listed
+peak_tflops = 0.0  # MFU's peak per device, TFLOP/s; 0 = the GPU's datasheet figure (bfloat16, float16), or a measured matmul where none is listed or in float32
 seed = 1337  # model init, training windows and (seed + 1 + rank) dropout; same seed = same backbone in every mode
 # experiment tracking, as nanoGPT does it (needs `pip install wandb`)
 wandb_log = False  # also send what log.jsonl logs to Weights & Biases

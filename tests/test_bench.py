@@ -266,6 +266,34 @@ def test_every_decoding_round_reuses_one_cache_and_decodes_as_a_new_one(monkeypa
         assert all(torch.equal(a, b) for a, b in zip(round_logits, fresh))
 
 
+def test_float32_on_a_gpu_runs_as_train_py_and_against_a_float32_peak(monkeypatch):
+    """On CUDA bench.py allows TF32 before it measures the peak, as train.py does before training (so a float32
+    step and its peak are both TF32 matmuls), and a float32 run's peak is measured, not the datasheet's 16-bit
+    tensor-core figure (TF32 peaks at half of it); bfloat16 and float16 keep the datasheet."""
+    import common
+    import bench
+    monkeypatch.setattr(common, "measured_matmul_flops", lambda device, dtype: 1.5e12)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert common.peak_flops("cuda", "float32") == (1.5e12, "a float32 matmul measured on cuda")
+    for dtype in ("bfloat16", "float16"):
+        assert common.peak_flops("cuda", dtype) == (989e12, "the NVIDIA H100 80GB HBM3 datasheet")
+
+    class Stop(Exception):
+        pass
+    calls = []
+    monkeypatch.setattr(bench, "allow_tf32", lambda: calls.append("tf32"))
+    monkeypatch.setattr(bench, "peak_flops", lambda *a: calls.append("peak") or (1e12, "test"))
+    monkeypatch.setattr(bench, "Row", lambda *a: (_ for _ in ()).throw(Stop()))  # the rows: not on this machine
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, "--rows=standard"])
+    args = bench.parse_args()
+    for device, expected in (("cpu", ["peak"]), ("cuda", ["tf32", "peak"])):
+        calls.clear()
+        args.device = device
+        with pytest.raises(Stop):
+            bench.run(args)
+        assert calls == expected
+
+
 def test_ratio_mfu_and_memory_ratio_come_from_each_rows_fastest_round(tmp_path, monkeypatch):
     """Faked timers, FLOPs and memory: every round counts (a row's fastest may be the last), each runs
     --train_steps steps and --decode_tokens tokens, the ratio is the reference's fastest time over the
