@@ -441,7 +441,8 @@ def run(args):
                            "triton": triton_version(), "date": time.strftime("%Y-%m-%d"),
                            "fused_route": fused, "route_tile": route_tile() if fused else None,
                            "paired_route_tile": route_tile(2) if fused else None,
-                           "matmul_peak_flops": peak, "config": vars(args), "rows": results}, indent=1)
+                           "matmul_peak_flops": peak, "threads": torch.get_num_threads(),  # (the CPU peak's multiplier)
+                           "config": vars(args), "rows": results}, indent=1)
         try:
             write_atomic(args.json, lambda f: f.write(text.encode()))
         except OSError as e:  # a full disk, or the folder changed during the run: the table above has the figures

@@ -34,6 +34,7 @@ def test_every_row_and_phase_with_the_documented_keys(report):
     names = ["standard", "attnres/res_blocks=0", "attnres/res_blocks=4", "delta/res_blocks=0", "delta/res_blocks=4",
              "rd/res_blocks=0", "rd/res_blocks=4", "dense", "lowrank/rank=8", "dlr/rank=8", "folded/rank=8"]
     assert data["fused_route"] is False and data["route_tile"] is None  # the CPU's plain route
+    assert data["threads"] == 1  # torch's thread count as run (config's threads is None where --threads is left out)
     rows = data["rows"]
     assert [(r["name"], r["phase"]) for r in rows] == [(n, p) for p in ("train", "decode") for n in names]
     for r in rows:
