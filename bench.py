@@ -135,9 +135,11 @@ def parse_args():
 
 class SavedTensorBytes:
     """On the CPU there is no allocator peak to read, so training memory is counted as what a step
-    holds at its peak: parameters, gradients and AdamW's two moments, buffers, plus every tensor autograd
-    saves for the backward pass (each storage counted once, and none that is a parameter's: in float32
-    autograd saves the weights themselves, already counted)."""
+    keeps from its forward into its backward: parameters, gradients and AdamW's two moments, buffers,
+    plus every tensor autograd saves for the backward pass (each storage counted once, and none that is a
+    parameter's: in float32 autograd saves the weights themselves, already counted). It leaves out the
+    backward's transient gradients of the activations, which a GPU allocator's peak includes: routing
+    makes more of those (one per source of every route), so its true peak ratio is higher than this."""
 
     def __init__(self, parameters):
         self.storages = {}
