@@ -177,4 +177,4 @@ if __name__ == "__main__":
         main()
     except BrokenPipeError:  # the reader stopped early (sample.py | head): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would raise it again
-        sys.exit(1)
+        sys.exit(141)  # 128 + SIGPIPE: the status a shell gives a tool that a closed pipe stopped

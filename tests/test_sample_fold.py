@@ -501,7 +501,7 @@ def test_a_reader_that_stops_early_stops_sampling_quietly(tmp_path):
     assert proc.stdout.read(100)  # what head reads, then it exits
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err == b""
+    assert proc.returncode == 141 and err == b""
 
 
 def test_long_prompt_is_cropped_with_a_note(tmp_path, capsys):
