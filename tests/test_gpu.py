@@ -43,7 +43,7 @@ MODES = {  # every residual mode, per-sublayer and block routing, low rank with 
     "delta": dict(residual="delta"), "delta/2": dict(residual="delta", res_blocks=2), "rd": dict(residual="rd"),
     "rd/2": dict(residual="rd", res_blocks=2), "dlr": dict(residual="delta", lowrank_rank=16, dlr=True),
 }
-TRAIN_ON_GPU = [a for a in TINY if not a.startswith(("--device", "--dtype"))] + [f"--device={DEVICE}"]
+TRAIN_ON_GPU = [a for a in TINY if not a.startswith(("--device", "--dtype", "--peak_tflops"))] + [f"--device={DEVICE}"]
 
 
 def gpu_model(mode, seed=0):
