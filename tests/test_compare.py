@@ -908,8 +908,9 @@ def test_report_publishes_only_the_finished_runs(tmp_path, capsys):
 # one torch thread: a model this small gains nothing from two, and on a busy machine two threads that
 # wait for each other make every step many times slower (docs/speed.md, "Measurements behind the code")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# (and MFU against a given peak: measuring one costs every train.py start, the timing probes' too, ~0.25 s)
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--device=cpu",
-        "--log_interval=1", "--always_save_checkpoint=False", "--warmup_iters=2"]
+        "--log_interval=1", "--always_save_checkpoint=False", "--warmup_iters=2", "--peak_tflops=1.0"]
 
 
 @pytest.fixture(scope="module")
