@@ -109,8 +109,9 @@ def test_route_tile_runs_the_fused_route_at_that_tile(tmp_path):
 def test_paired_route_tile_runs_rd_at_its_own_tile(tmp_path):
     """--paired_route_tile sets the tile of rd's paired routes apart from one route's (the default here), and
     the JSON says both; the row trains and decodes through the fused pair."""
+    # one sequence a batch, and a given MFU peak: Triton's interpreter runs each route at half the cost
     result = run_bench("--fused_route=true", "--paired_route_tile=64:1", "--rows=rd/res_blocks=4",
-                       f"--json={tmp_path / 'b.json'}")
+                       f"--json={tmp_path / 'b.json'}", "--batch_size=1", "--peak_tflops=1.0")
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / "b.json").read_text())
     assert (data["route_tile"], data["paired_route_tile"]) == ("4096:4", "64:1")
