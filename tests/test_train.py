@@ -265,27 +265,35 @@ def test_resume_takes_the_runs_own_settings(data, tmp_path):
     assert config["beta2"] == 0.9 and config["log_interval"] == 1 and config["n_layer"] == 2  # the run's, not the defaults
 
 
+@pytest.fixture(scope="module")
+def two_iterations(data, tmp_path_factory):
+    """A run trained 2 iterations, which the refused resumes below only read (each checks it is kept whole):
+    (its out_dir, the arguments it was trained with, less max_iters)."""
+    out = tmp_path_factory.mktemp("two_iterations")
+    common = [*TINY, f"--dataset={data}", f"--out_dir={out}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", cwd=out)
+    return out, common
+
+
 @pytest.mark.parametrize("changed", ["--batch_size=4", "--beta2=0.95", "--seed=8"])
-def test_resume_refuses_what_it_cannot_change(data, tmp_path, changed):
+def test_resume_refuses_what_it_cannot_change(two_iterations, tmp_path, changed):
     """Batches, the seed and what AdamW keeps in its state cannot change on resume: one line, the run kept."""
-    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
-    train(*common, "--max_iters=2", cwd=tmp_path)
-    before = (tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()
+    out, common = two_iterations
+    before = (out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()
     result = train(*common, "--max_iters=4", "--init_from=resume", changed, cwd=tmp_path, ok=False)
     key = changed[2:].split("=")[0]
     assert result.returncode == 1 and result.stderr.count("\n") == 1
-    assert f"init_from=resume continues the run in {tmp_path} as it was, but {key}=" in result.stderr
-    assert result.stderr.endswith(f"start a new run from it with --init_from={tmp_path / 'ckpt.pt'} and another out_dir\n")
-    assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+    assert f"init_from=resume continues the run in {out} as it was, but {key}=" in result.stderr
+    assert result.stderr.endswith(f"start a new run from it with --init_from={out / 'ckpt.pt'} and another out_dir\n")
+    assert ((out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()) == before
 
 
-def test_resume_refuses_every_setting_that_decides_batches_or_adamws_state(data, tmp_path):
+def test_resume_refuses_every_setting_that_decides_batches_or_adamws_state(data, two_iterations, tmp_path):
     """The rest of RESUMED_AS_TRAINED (test_resume_refuses_what_it_cannot_change has batch_size, beta2, seed):
     the dataset, gradient_accumulation_steps, weight_decay, beta1 and res_query_lr_mult set to another value
     stop a resume with one line, the run kept."""
-    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--eval_interval=2"]
-    train(*common, "--max_iters=2", cwd=tmp_path)
-    before = (tmp_path / "out" / "ckpt.pt").read_bytes(), (tmp_path / "out" / "log.jsonl").read_bytes()
+    out, common = two_iterations
+    before = (out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()
     copy = shutil.copytree(data, tmp_path / "copy")  # the same data under another name: still another setting
     for changed in (f"--dataset={copy}", "--gradient_accumulation_steps=2", "--weight_decay=0.2", "--beta1=0.8",
                     "--res_query_lr_mult=2.0"):
@@ -293,7 +301,10 @@ def test_resume_refuses_every_setting_that_decides_batches_or_adamws_state(data,
         key = changed[2:].split("=")[0]
         assert result.returncode == 1 and result.stderr.count("\n") == 1, (changed, result.stderr)
         assert f"as it was, but {key}=" in result.stderr, (changed, result.stderr)
-    assert ((tmp_path / "out" / "ckpt.pt").read_bytes(), (tmp_path / "out" / "log.jsonl").read_bytes()) == before
+    assert ((out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()) == before
+    # the run copied, to spoil its checkpoint here (the shared one stays whole), resumed from its new out_dir
+    shutil.copytree(out, tmp_path / "out")
+    common = [a for a in common if not a.startswith("--out_dir=")] + [f"--out_dir={tmp_path / 'out'}"]
     ckpt = load_checkpoint(tmp_path / "out" / "ckpt.pt")  # an optimizer state that does not fit: said, and what to do
     ckpt["optimizer"]["param_groups"] = ckpt["optimizer"]["param_groups"][:-1]
     save_checkpoint(ckpt, tmp_path / "out" / "ckpt.pt")
