@@ -25,9 +25,6 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import requests
-import urllib3
-
 from common import durable_replace, write_atomic
 
 CHUNK_BYTES = 1 << 16  # a read cut short by a dropped connection is lost, so keep reads small
@@ -140,6 +137,8 @@ def _validator(response):
 def _attempt(url, part, timeout, desc, quiet):
     """One GET that appends to part (resuming it if it has bytes); raises _Retry if part is not complete
     after it. Returns the sha256 the server published for the file, or None."""
+    import requests  # here, not at the top: every train.py start imports this module, and 0.2 s of it was requests
+    import urllib3
     have = part.stat().st_size if part.exists() else 0
     validator = _validator_file(part)
     # identity: a gzip-encoded body would not match Content-Length, nor resume by byte offset
