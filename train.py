@@ -691,7 +691,7 @@ for sig, handler in handlers.items():
     if not eval_only and handler is not signal.SIG_IGN:
         signal.signal(sig, request_stop)
 
-if not eval_only:  # (eval_only trains nothing: no MFU to measure against)
+if not eval_only and iter_num < max_iters:  # (nothing to train, as eval_only or a conversion at max_iters=0: no MFU)
     peak, peak_source = peak_flops(device, dtype, peak_tflops)
     if master:
         print(f"MFU against {peak / 1e12:.3g} TFLOP/s per device, from {peak_source}")
