@@ -49,6 +49,11 @@ def die(message, code=1):
     sys.exit(code)
 
 
+def first_line(e):
+    """An exception as one line: its type and the first line of its message (a library's can run to many)."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
 def boolean(s):
     """argparse's type for a yes/no option: with nargs="?" and const=True, --flag, --flag=True and
     --flag=false all work, so train.py's spelling (--flag=True, --flag=False) works in the tools too."""

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from checkpoint import GPT2_CONFIGS, load_for_inference
-from common import (DTYPES, autocast, cannot_write, die, provenance, resolve_device_and_dtype, sampling_problem, task_scores,
-                    write_atomic)
+from common import (DTYPES, autocast, cannot_write, die, first_line, provenance, resolve_device_and_dtype, sampling_problem,
+                    task_scores, write_atomic)
 from download import DownloadError
 
 try:
@@ -304,8 +304,7 @@ def log_to_wandb(ckpt, scores, out):
         run.summary.update({f"eval/{key}": value for key, (value, _) in scores.items()})
         run.finish()
     except Exception as e:  # (wandb's own kinds: no login, no network) the scores are saved: a note, as above
-        why = (str(e).strip().splitlines() or [""])[0]
-        print(f"note: wandb could not log the scores ({type(e).__name__}: {why}), so they are in {out} only: "
+        print(f"note: wandb could not log the scores ({first_line(e)}), so they are in {out} only: "
               "run `wandb login` or set WANDB_MODE=offline, and evaluate again to log them", file=sys.stderr)
 
 

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import (MAX_SEED, NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, hms, once_per_node,
-                    peak_flops, process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
+from common import (MAX_SEED, NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, first_line, hms,
+                    once_per_node, peak_flops, process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
 from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
                         load_gpt2, load_state_into, save_checkpoint)
 from download import DownloadError
@@ -585,8 +585,7 @@ if wandb_log and writes_log:
                                group=wandb_group or None, config=config,
                                **(dict(id=resume_id, resume="allow") if resume_id else {}))
     except Exception as e:  # (wandb has errors of its own kinds: no login, no network, a bad project name)
-        why = (str(e).strip().splitlines() or [""])[0]
-        wandb_failed = (f"wandb could not start the run ({type(e).__name__}: {why}): run `wandb login`, set "
+        wandb_failed = (f"wandb could not start the run ({first_line(e)}): run `wandb login`, set "
                         "WANDB_MODE=offline, or drop wandb_log")
 if ddp and wandb_log:  # rank 0 alone starts it: every rank stops with it, rather than wait in the next collective
     box = [wandb_failed]
