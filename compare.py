@@ -623,8 +623,9 @@ def arg_settings(args):
 def differing_args(old, new):
     """What two lists of a run's train.py arguments (train_args.json's) set differently, as
     ['max_iters=40000 (now 50000)', ...]; [] where they stand for the same settings. Config files are
-    compared by name: what a file says, a finished run's log tells (changed_setting)."""
-    files = [" ".join(a for a in args if not a.startswith("--")) or "none" for args in (old, new)]
+    compared by name (config/x.py and ./config/x.py are one file): what a file says, a finished run's log
+    tells (changed_setting)."""
+    files = [" ".join(os.path.normpath(a) for a in args if not a.startswith("--")) or "none" for args in (old, new)]
     if files[0] != files[1]:
         return [f"config file {files[0]} (now {files[1]})"]
     was, now = arg_settings(old), arg_settings(new)

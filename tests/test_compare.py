@@ -729,6 +729,14 @@ def test_runs_begun_with_a_key_or_value_train_py_no_longer_takes_differ_from_the
     assert compare.differing_args(["--max_iters=40", "--seed=0"], ["--seed=0", "--max_iters=40"]) == []
 
 
+def test_a_config_file_is_one_file_however_its_path_is_spelled():
+    """config/x.py and ./config/x.py name one file: a run begun with one is the grid's run under the other."""
+    config = "config/train_shakespeare_char.py"
+    assert compare.differing_args([config, "--seed=0"], [f"./{config}", "--seed=0"]) == []
+    assert compare.differing_args([config], ["config/train_gpt2_fineweb.py"]) == [
+        f"config file {config} (now config/train_gpt2_fineweb.py)"]
+
+
 def test_a_finished_run_is_not_refused_for_the_dtype_it_resolved(tmp_path):
     """dtype=auto is recorded resolved (float32 on a CPU): a finished run is not refused for it, while an
     explicit other dtype is a change."""
