@@ -666,8 +666,9 @@ def check_finished(config, run_dir, seed, name, passthrough, args, publish):
     than the grid gives it now: other train.py arguments (train_args.json, args: the grid's) or, whether or
     not it has that file, another setting its log records (changed_setting)."""
     published = Path(publish) / "runs" / name / f"seed{seed}" if publish else None
-    retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete {run_dir}"
-               + (f" and {published}" if published and published.exists() else "") + " to retrain it")
+    folders = dict.fromkeys([run_dir] + ([published] if published and published.exists() else []))
+    retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete "
+               f"{' and '.join(map(str, folders))} to retrain it")
     if (run_dir / "train_args.json").exists():
         began = read_train_args(run_dir / "train_args.json", f"delete it to have the run checked against its log, or {retrain}")
         differ = differing_args(began, args)
@@ -914,14 +915,17 @@ def main(argv):
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
     plan = [(n, seed) for pt in points for seed in seeds for n in names if split_point(n)[0] == pt]
     if publish:  # a run finished elsewhere and published is taken as it is, never trained twice
-        pairs = [(runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}") for name, seed in plan]
-        taken = [(local, published) for local, published in pairs
+        pairs = [(name, seed, runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}")
+                 for name, seed in plan]
+        taken = [(name, seed, local, published) for name, seed, local, published in pairs
                  if not finished(read_log(local)) and finished(read_log(published))]
-        for local, published in taken:  # all checked before any is taken: a checkpoint is never deleted
+        for name, seed, local, published in taken:  # all checked before any is taken: a checkpoint is never deleted
             if (local / "ckpt.pt").exists():
                 raise ValueError(f"{local} holds an unfinished run's checkpoint, and {published} has the run finished: "
                                  f"delete {local} to take the published run, or rerun without --publish to continue it")
-        for local, published in taken:
+            check_finished(config, published, seed, name, passthrough, train_args(config, local, seed, name, passthrough),
+                           publish)  # one the grid would refuse is not copied in first
+        for *_, local, published in taken:
             shutil.rmtree(local, ignore_errors=True)  # what a run leaves before its first checkpoint: a log, its arguments
             shutil.copytree(published, local)
     todo = [(n, s) for n, s in plan if not finished(read_log(runs_dir / n / f"seed{s}"))]

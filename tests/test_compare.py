@@ -343,7 +343,8 @@ def test_publish_takes_a_finished_run_but_never_deletes_an_unfinished_local_chec
     """--publish takes a run finished elsewhere in place of one unfinished here, unless the local one holds a
     checkpoint: that is a one-line error, raised before anything is replaced, and the checkpoint is kept (here
     the published run also finished with other settings, which used to be found only after the checkpoint was
-    gone). Without its checkpoint, the local run is replaced by the published one."""
+    gone). Without its checkpoint, the local run is replaced by the published one, once the grid's settings are
+    the published run's (before, the other settings were found only after the copy)."""
     local, publish = tmp_path / "compare" / "runs" / "standard" / "seed0", tmp_path / "published"
     published = publish / "runs" / "standard" / "seed0"
     write_log(local, [3.0], done=False)
@@ -363,9 +364,10 @@ def test_publish_takes_a_finished_run_but_never_deletes_an_unfinished_local_chec
     assert (local / "ckpt.pt").read_bytes() == b"hours of training" and (local / "log.jsonl").read_text() == log
 
     (local / "ckpt.pt").unlink()  # the user's choice: take the published run
-    with pytest.raises(ValueError, match="finished with other train.py arguments"):  # now the published run's settings
+    with pytest.raises(ValueError, match="finished with other train.py arguments") as error:  # the published run's
         compare.main(argv)
-    assert compare.finished(compare.read_log(local))
+    assert f"{published} finished" in str(error.value) and f"delete {published} to retrain" in str(error.value)
+    assert (local / "log.jsonl").read_text() == log  # one the grid refuses is not copied in
     compare.main(argv[:-2] + ["--max_iters=40000", "--report=True"])  # the grid the published run belongs to
     assert (tmp_path / "compare" / "results.md").exists()
 
