@@ -10,7 +10,9 @@ Last-Modified it came with, kept in dest + ".part.validator"): a file changed on
 server in between is fetched whole, never stitched from two versions. Timeouts,
 dropped connections and 5xx answers are retried with exponential
 backoff; 4xx answers fail at once, and so does a URL that is not http(s). Only when the file has the length the server
-announced is it renamed (durably: common.durable_replace) to dest. Where the server
+announced is it renamed (durably: common.durable_replace) to dest; a body sent with no length (no
+Content-Length, not chunked: its end is the connection's close) is refused, since a dropped connection
+would look the same, unless a published sha256 vouches for its bytes. Where the server
 publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
 shards), the bytes must match it too, or they are fetched again; the verified hash is
 kept in dest + ".sha256" (sha256sum's format), and a rerun that finds dest checks it
@@ -136,7 +138,8 @@ def _validator(response):
 
 def _attempt(url, part, timeout, desc, quiet):
     """One GET that appends to part (resuming it if it has bytes); raises _Retry if part is not complete
-    after it. Returns the sha256 the server published for the file, or None."""
+    after it. Returns (the sha256 the server published for the file or None, whether the server said
+    where the body ends: a length, or chunks, which urllib3 checks arrive whole)."""
     import requests  # here, not at the top: every train.py start imports this module, and 0.2 s of it was requests
     import urllib3
     have = part.stat().st_size if part.exists() else 0
@@ -147,7 +150,7 @@ def _attempt(url, part, timeout, desc, quiet):
         headers["Range"] = f"bytes={have}-"
         if validator.exists():  # the rest of this very version, or (a 200) the whole file as it is now
             headers["If-Range"] = validator.read_text()
-    answered, total = False, None
+    answered, total, sized = False, None, True
     try:
         with requests.get(url, headers=headers, stream=True, timeout=timeout) as r:
             answered = True
@@ -155,7 +158,7 @@ def _attempt(url, part, timeout, desc, quiet):
             if r.status_code == 416:  # nothing left after `have`: either part is complete, or it is wrong
                 _, total = _content_range(r.headers.get("Content-Range", ""))
                 if total == have:
-                    return sha256
+                    return sha256, True
                 part.unlink()
                 raise _Retry(f"the server rejected resuming at byte {have:,}; starting over")
             if r.status_code == 429 or r.status_code >= 500:
@@ -172,6 +175,7 @@ def _attempt(url, part, timeout, desc, quiet):
                 have, mode = 0, "wb"
                 length = r.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None
+                sized = total is not None or "chunked" in r.headers.get("Transfer-Encoding", "").lower()
                 version = _validator(r)
                 if version:
                     write_atomic(validator, lambda f: f.write(version.encode()))
@@ -205,7 +209,7 @@ def _attempt(url, part, timeout, desc, quiet):
     if total is not None and size > total:
         part.unlink()
         raise _Retry(f"received {size:,} bytes, more than the {total:,} announced; starting over")
-    return sha256
+    return sha256, sized
 
 
 def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expected_size=None, quiet=False,
@@ -245,9 +249,15 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
                 print(f"{desc}: {problem}; retrying in {delay:g} s ({attempt}/{retries})", file=sys.stderr)
             time.sleep(delay)
         try:
-            sha256 = _attempt(url, part, timeout, desc, quiet) or sha256
+            published, sized = _attempt(url, part, timeout, desc, quiet)
+            sha256 = published or sha256
             if sha256:
                 _check_sha256(part, sha256)
+            elif not sized:  # a connection dropped partway ends such a body as its last byte does
+                part.unlink()
+                _validator_file(part).unlink(missing_ok=True)
+                raise DownloadError(f"{url} was sent with no length (no Content-Length, not chunked), so a dropped "
+                                    f"connection cannot be told from its end: use a server that sends its length, or {mirror}")
             break
         except _Retry as e:
             problem = str(e)

@@ -10,7 +10,7 @@ It honours Range requests (206 + Content-Range, 416 past the end; with If-Range,
 if it names the ETag that headers() gives the path now, else the whole file), answers 404 for
 unknown paths, closes the connection after every response (HTTP/1.0), and records
 every request as (method, path, Range header) in server.requests. Misbehaviour is set
-per path: cut(), lie(), fail(), ignore_range(), corrupt(); headers() and redirect()
+per path: cut(), lie(), fail(), ignore_range(), corrupt(), unsized(); headers() and redirect()
 answer like Hugging Face's resolve URLs (a 302 whose X-Linked-ETag is the file's sha256).
 """
 
@@ -30,6 +30,7 @@ class LocalServer:
         self._fail = {}          # path -> [status, times left] (times None: always)
         self._ignore_range = set()
         self._corrupt = {}       # path -> GETs left that flip the first byte (None: all)
+        self._unsized = set()    # paths sent without a Content-Length
         self._headers = {}       # path -> extra response headers
         self._redirect = {}      # path -> where a GET of it is sent (302)
         self._lock = threading.Lock()
@@ -55,6 +56,10 @@ class LocalServer:
     def corrupt(self, path, times=None):
         """The next `times` GETs of path (all, if None) flip its first byte: the right length, wrong bytes."""
         self._corrupt[path] = times
+
+    def unsized(self, path):
+        """Send path with no Content-Length: its body ends where the server closes the connection (HTTP/1.0)."""
+        self._unsized.add(path)
 
     # --- Hugging Face's answers ---------------------------------------------------------
     def headers(self, path, headers):
@@ -143,7 +148,8 @@ def _handler(server):
             for key, value in extra.items():
                 self.send_header(key, value)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(end + 1 - start))
+            if path not in server._unsized:
+                self.send_header("Content-Length", str(end + 1 - start))
             self.end_headers()
             self.wfile.write(body if cut is None else body[:cut])
             self.wfile.flush()

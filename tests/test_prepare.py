@@ -389,6 +389,21 @@ def test_download_without_a_published_sha256_checks_the_length_only(tmp_path):
         dest.unlink()
 
 
+def test_a_body_sent_without_its_length_is_refused_unless_a_published_sha256_vouches_for_it(tmp_path, play_server):
+    """No Content-Length: the body ends where the connection closes, and a drop partway looks the same. Tiny
+    Shakespeare cut so is refused in one line, nothing prepared; a published sha256 verifies such a body."""
+    play_server.unsized("/input.txt")
+    play_server.cut("/input.txt", after=100_000)
+    with pytest.raises(DownloadError) as e:
+        prepare.prepare("shakespeare", out=tmp_path / "s", url=play_server.url, quiet=True)
+    assert "sent with no length" in str(e.value) and "\n" not in str(e.value)
+    assert play_server.count("/input.txt") == 1 and list((tmp_path / "s").iterdir()) == []
+    with LocalServer() as server:
+        url = hub(server, BLOB)
+        server.unsized("/cdn/blob")
+        assert download(url, tmp_path / "blob", backoff=0, quiet=True).read_bytes() == BLOB
+
+
 # -----------------------------------------------------------------------------
 # pydocs: the offline default
 
