@@ -37,8 +37,9 @@ def save_checkpoint(obj, path):
         write_atomic(path, lambda f: torch.save(obj, f))
     except RuntimeError as e:
         # torch.save's zip writer turns a failed write (a full disk) into a RuntimeError as it closes, with the
-        # OSError as its context: raise that one, which says what happened and which callers catch
-        if isinstance(e.__context__, OSError):
+        # OSError as its context: raise that one, which says what happened and which callers catch. So too a
+        # Ctrl-C (train.py's second stop signal) mid-save, which must stop the run as a KeyboardInterrupt
+        if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
             raise e.__context__ from None
         raise
 

@@ -237,6 +237,37 @@ def test_a_failed_checkpoint_save_keeps_the_old_one_and_leaves_no_temporary_file
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"] and path.read_bytes() == before
 
 
+def test_a_ctrl_c_in_the_middle_of_a_checkpoint_save_is_a_keyboard_interrupt_and_keeps_the_old_one(tmp_path, monkeypatch):
+    """Ctrl-C mid-save (train.py's second stop signal) stops as a KeyboardInterrupt, not torch's zip writer's RuntimeError."""
+    class Interrupted:  # a file whose writes stop with Ctrl-C after a few KB
+        def __init__(self, f):
+            self.f, self.left = f, 3000
+
+        def write(self, data):
+            self.left -= len(data)
+            if self.left < 0:
+                raise KeyboardInterrupt
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(dict(model={}, model_args={}, iter_num=1), path)
+    before = path.read_bytes()
+    monkeypatch.setattr(common, "open", lambda file, mode="r": Interrupted(open(file, mode)) if mode == "wb" else open(file, mode),
+                        raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(dict(model={"w": torch.ones(10_000)}, model_args={}, iter_num=2), path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"] and path.read_bytes() == before
+
+
 def test_checkpoints_are_saved_with_cpu_tensors(tmp_path, monkeypatch):
     """Every tensor of a checkpoint, nested in the optimizer state and the RNG list too, goes through
     .cpu() before torch.save, so a CPU-only machine loads a GPU run's checkpoint with a plain torch.load
