@@ -12,7 +12,7 @@ dropped connections and 5xx answers are retried with exponential
 backoff; 4xx answers fail at once, and so does a URL that is not http(s). Only when the file has the length the server
 announced is it renamed (durably: common.durable_replace) to dest; a body sent with no length (no
 Content-Length, not chunked: its end is the connection's close) is refused, since a dropped connection
-would look the same, unless a published sha256 vouches for its bytes. Where the server
+would look the same, unless a published sha256 (or the caller's expected_size) vouches for its bytes. Where the server
 publishes the file's sha256 (Hugging Face does, for GPT-2's weights and the FineWeb
 shards), the bytes must match it too, or they are fetched again; the verified hash is
 kept in dest + ".sha256" (sha256sum's format), and a rerun that finds dest checks it
@@ -253,7 +253,7 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
             sha256 = published or sha256
             if sha256:
                 _check_sha256(part, sha256)
-            elif not sized:  # a connection dropped partway ends such a body as its last byte does
+            elif not sized and expected_size is None:  # a connection dropped partway ends such a body as its last byte does
                 part.unlink()
                 _validator_file(part).unlink(missing_ok=True)
                 raise DownloadError(f"{url} was sent with no length (no Content-Length, not chunked), so a dropped "

@@ -391,7 +391,8 @@ def test_download_without_a_published_sha256_checks_the_length_only(tmp_path):
 
 def test_a_body_sent_without_its_length_is_refused_unless_a_published_sha256_vouches_for_it(tmp_path, play_server):
     """No Content-Length: the body ends where the connection closes, and a drop partway looks the same. Tiny
-    Shakespeare cut so is refused in one line, nothing prepared; a published sha256 verifies such a body."""
+    Shakespeare cut so is refused in one line, nothing prepared; a published sha256, or the size the caller
+    expects, verifies such a body."""
     play_server.unsized("/input.txt")
     play_server.cut("/input.txt", after=100_000)
     with pytest.raises(DownloadError) as e:
@@ -402,6 +403,10 @@ def test_a_body_sent_without_its_length_is_refused_unless_a_published_sha256_vou
         url = hub(server, BLOB)
         server.unsized("/cdn/blob")
         assert download(url, tmp_path / "blob", backoff=0, quiet=True).read_bytes() == BLOB
+    with LocalServer({"/blob": BLOB}) as server:  # as does the size a caller expects
+        server.unsized("/blob")
+        dest = download(server.url + "/blob", tmp_path / "sized", expected_size=len(BLOB), quiet=True)
+        assert dest.read_bytes() == BLOB
 
 
 # -----------------------------------------------------------------------------
