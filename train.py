@@ -184,11 +184,6 @@ if device_type == "cuda":
     allow_tf32()  # float32 matmuls on tensor cores
 ctx = autocast(device, dtype)
 out_dir = Path(out_dir)
-if init_from != "resume" and ckpt_path.exists() and (not eval_only or init_from == "scratch"):
-    # a new run would replace it at its first save (and its log at once): never another run's work silently;
-    # and eval_only from scratch beside it would score a fresh model, not the checkpoint there
-    die(f"{ckpt_path} holds an earlier run: {'evaluate' if eval_only else 'continue'} it with --init_from=resume, or "
-        f"{'evaluate' if eval_only else 'train'} into another out_dir (or delete {out_dir} first)")
 if not eval_only:  # (eval_only writes nothing there)
     # on every rank (the folder is shared), so that all of them stop here together, before any work is done
     problem = cannot_write(ckpt_path)
@@ -196,6 +191,23 @@ if not eval_only:  # (eval_only writes nothing there)
         die(f"out_dir={out_dir} cannot be written: {problem}; choose another out_dir")
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
+    if master and os.name != "nt":
+        # one run writes an out_dir at a time: a second train.py there (a command started twice, a grid rerun while
+        # a run it lost track of still trains) would interleave the logs and race the checkpoints. A lock on the
+        # folder itself (no file is left behind), which the OS releases however this process ends
+        import fcntl
+        out_dir_lock = os.open(out_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(out_dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            die(f"another train.py is running in {out_dir}: wait for it to end or stop it, or use another out_dir")
+        except OSError:  # a filesystem without locks: the run goes on unguarded
+            pass
+if init_from != "resume" and ckpt_path.exists() and (not eval_only or init_from == "scratch"):
+    # a new run would replace it at its first save (and its log at once): never another run's work silently;
+    # and eval_only from scratch beside it would score a fresh model, not the checkpoint there
+    die(f"{ckpt_path} holds an earlier run: {'evaluate' if eval_only else 'continue'} it with --init_from=resume, or "
+        f"{'evaluate' if eval_only else 'train'} into another out_dir (or delete {out_dir} first)")
 
 # -----------------------------------------------------------------------------
 # data: data/<dataset>/*_{train,val}_*.bin and meta.json, from prepare.py

@@ -345,6 +345,31 @@ def test_data_changed_under_a_run_is_refused(tmp_path):
     assert f"{data} holds 20,100 train tokens, 20,000 when the run in {tmp_path / 'out'} was trained" in result.stderr
 
 
+@pytest.mark.skipif(os.name == "nt", reason="the out_dir lock is a Unix flock")
+def test_one_train_py_at_a_time_writes_an_out_dir(data, tmp_path):
+    """While a train.py holds out_dir (here the test holds its lock), another one there stops at once in one line,
+    the run's files untouched, whether it would resume or start anew; eval_only, which writes nothing, still reads
+    the checkpoint. Once the lock is released (however its holder ended), the run continues."""
+    import fcntl
+    out = tmp_path / "out"
+    common = [*TINY, f"--dataset={data}", f"--out_dir={out}", "--eval_interval=2"]
+    train(*common, "--max_iters=4", cwd=tmp_path)
+    before = (out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()
+    held = os.open(out, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        for init_from in ("resume", "scratch"):
+            result = train(*common, "--max_iters=6", f"--init_from={init_from}", cwd=tmp_path, ok=False)
+            assert result.returncode == 1 and result.stderr.count("\n") == 1
+            assert f"another train.py is running in {out}" in result.stderr
+        assert ((out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()) == before
+        assert "val loss" in train(*common, "--init_from=resume", "--eval_only=True", cwd=tmp_path).stdout
+    finally:
+        os.close(held)
+    train(*common, "--max_iters=6", "--init_from=resume", cwd=tmp_path)
+    assert max(losses(out)) == 5
+
+
 def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
     """A scratch run into an out_dir holding a checkpoint stops at once, the earlier run untouched, and so does
     eval_only there (it would score a fresh model beside the checkpoint); eval_only with resume measures
