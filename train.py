@@ -203,6 +203,9 @@ if not eval_only:  # (eval_only writes nothing there)
             die(f"another train.py is running in {out_dir}: wait for it to end or stop it, or use another out_dir")
         except OSError:  # a filesystem without locks: the run goes on unguarded
             pass
+        else:  # no other train.py writes here, so a temporary checkpoint is a save cut short by a kill: as big as a
+            for stale in out_dir.glob(f".{ckpt_path.name}.tmp*"):  # checkpoint each, and never read
+                stale.unlink(missing_ok=True)
 if init_from != "resume" and ckpt_path.exists() and (not eval_only or init_from == "scratch"):
     # a new run would replace it at its first save (and its log at once): never another run's work silently;
     # and eval_only from scratch beside it would score a fresh model, not the checkpoint there

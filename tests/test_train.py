@@ -349,7 +349,8 @@ def test_data_changed_under_a_run_is_refused(tmp_path):
 def test_one_train_py_at_a_time_writes_an_out_dir(data, tmp_path):
     """While a train.py holds out_dir (here the test holds its lock), another one there stops at once in one line,
     the run's files untouched, whether it would resume or start anew; eval_only, which writes nothing, still reads
-    the checkpoint. Once the lock is released (however its holder ended), the run continues."""
+    the checkpoint. Once the lock is released (however its holder ended), the run continues, and deletes what a
+    save cut short by a kill left: no other train.py can be writing it."""
     import fcntl
     out = tmp_path / "out"
     common = [*TINY, f"--dataset={data}", f"--out_dir={out}", "--eval_interval=2"]
@@ -366,8 +367,10 @@ def test_one_train_py_at_a_time_writes_an_out_dir(data, tmp_path):
         assert "val loss" in train(*common, "--init_from=resume", "--eval_only=True", cwd=tmp_path).stdout
     finally:
         os.close(held)
+    (out / ".ckpt.pt.tmp12345").write_bytes(b"a save cut short by kill -9")
     train(*common, "--max_iters=6", "--init_from=resume", cwd=tmp_path)
     assert max(losses(out)) == 5
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "log.jsonl"]  # the lock holder cleared the leftover
 
 
 def test_a_new_run_never_replaces_an_earlier_ones_checkpoint(data, tmp_path):
