@@ -476,6 +476,27 @@ def test_bf16_sources_stay_within_bf16_rounding(fused_calls):
     assert torch.nn.functional.cosine_similarity(grad, ref, dim=0).item() >= 0.995
 
 
+def test_sources_reach_the_kernels_in_bfloat16_only_when_asked(monkeypatch):
+    """The sources (the embedding and every block sum) reach the kernels in bfloat16 under bfloat16 autocast
+    with bf16_sources, and in float32 otherwise: with bf16_sources=False (the float32 side of
+    tools/bf16_sources_check.sh) and under float16 autocast, whose 5 exponent bits bfloat16 does not replace."""
+    model = routed_model(residual="attnres", n_layer=1).eval()
+    model.fused_route = True
+    real, seen = kernels.fused_route, []
+
+    def recording(query, sources, query2=None):
+        seen.extend(s.dtype for s in sources)
+        return real(query, sources, query2)
+    monkeypatch.setattr(kernels, "fused_route", recording)
+    for autocast, bf16_sources, expected in ((torch.bfloat16, True, torch.bfloat16), (torch.bfloat16, False, torch.float32),
+                                             (torch.float16, True, torch.float32), (None, True, torch.float32)):
+        model.bf16_sources = bf16_sources
+        seen.clear()
+        with torch.no_grad(), torch.autocast(DEVICE, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            model(tokens(t=5)[0])
+        assert seen and set(seen) == {expected}, (autocast, bf16_sources)
+
+
 def test_fused_cached_generation_equals_uncached(fused_calls):
     """Greedy decoding on the fused route, with and without the KV cache (one-token routes), gives the same tokens."""
     model = routed_model(residual="delta", res_blocks=2).eval()
