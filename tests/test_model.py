@@ -972,17 +972,23 @@ def test_bf16_autocast_close_to_float32(mode):
     assert cached.shape == uncached.shape == (3, 12)
 
 
-def test_cpu_bf16_attention_attends_in_float32():
+def test_cpu_bf16_attention_attends_in_float32(monkeypatch):
     """On a CPU under bf16 autocast, attention computes scaled_dot_product_attention in float32 (faster
     there, docs/speed.md) on the float32 upcasts of the bf16 q, k and v the projection made, and rounds the
-    result back to bf16 for c_proj: bit for bit that computation, written out here (the same operations)."""
+    result back to bf16 for c_proj: bit for bit that computation, written out here (the same operations).
+    At these sizes bf16 attention may round to the same bits, so the dtype attention is given is checked too."""
     torch.manual_seed(0)
     cfg = tiny_config()
     attn = CausalSelfAttention(cfg).eval()
     B, T, C, nh = 2, 7, cfg.n_embd, cfg.n_head
     x = torch.randn(B, T, C)
+    sdpa, attended = F.scaled_dot_product_attention, []
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-        y = attn(x)
+        with monkeypatch.context() as patch:
+            patch.setattr(F, "scaled_dot_product_attention",
+                          lambda q, k, v, **kw: attended.append((q.dtype, k.dtype, v.dtype)) or sdpa(q, k, v, **kw))
+            y = attn(x)
+        assert attended == [(torch.float32,) * 3]
         q, k, v = (t.view(B, T, nh, C // nh).transpose(1, 2) for t in attn.c_attn(x).split(C, dim=2))
         assert q.dtype == k.dtype == v.dtype == torch.bfloat16
         att = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
