@@ -311,6 +311,15 @@ def test_top_k_then_top_p_keep_what_hugging_face_keeps():
         keep_likeliest(logits, top_p=1.5)
 
 
+def test_top_p_reached_exactly_keeps_no_more_tokens():
+    """The nucleus is the fewest tokens whose mass reaches top_p: a mass equal to top_p is enough. With n equal
+    logits every probability is exactly 1/n (exp(0) = 1, 1/n exact for n = 4) and so is every partial sum,
+    so top_p = k/n keeps exactly k tokens (random logits never land on the boundary)."""
+    for k in (1, 2, 3):
+        kept = keep_likeliest(torch.zeros(2, 4), top_p=k / 4)
+        assert (~kept.isinf()).sum(dim=-1).tolist() == [k, k]
+
+
 def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
     """A nucleus smaller than the most likely token's probability holds that token alone: sampling at
     any temperature then writes the greedy text."""
