@@ -237,6 +237,24 @@ def test_fold_check_catches_a_wrong_fold(tmp_path, capsys, monkeypatch, key, wro
     assert not (tmp_path / "dense.pt").exists()
 
 
+def test_fold_check_catches_a_wrong_dlr_fold(tmp_path, capsys, monkeypatch):
+    """The verification holds the fold itself to the model before it: a fold that absorbs R without its scale
+    alpha / sqrt(K) (B + R, not B + (alpha / sqrt K) R) is not written. It moves this model's logits by 0.5
+    (measured), where the check allows 0.01 (CHECK_RTOL of a logit scale under 1)."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", **DLR)
+
+    @torch.no_grad()
+    def unscaled_fold(layer):
+        if layer.dlr:
+            layer.B.weight.add_(layer.dlr_matrix)
+            layer.dlr = False
+            del layer.dlr_matrix, layer.dlr_scale
+    monkeypatch.setattr(LowRankLinear, "fold_dlr", unscaled_fold)
+    code, _, err = run(fold, ["--ckpt", ckpt, "--out", tmp_path / "folded.pt"], capsys)
+    assert code == 1 and err.startswith("error: the logits changed by ") and err.endswith(f"not writing {tmp_path / 'folded.pt'}\n")
+    assert not (tmp_path / "folded.pt").exists()
+
+
 # -----------------------------------------------------------------------------
 # sample.py: generation
 
