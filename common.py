@@ -99,6 +99,27 @@ def cannot_write(path):
     return None
 
 
+def lock_folder(folder, hold=True):
+    """Take the advisory lock on folder that train.py holds on its out_dir, one process at a time: False where
+    another process holds it, True once taken. hold=True keeps it for the rest of this process (the OS releases it
+    however the process ends, a kill -9 too); hold=False only asks. None where locks do not exist (Windows, a
+    filesystem without them): the caller goes on unguarded. A lock on the folder itself leaves no file behind."""
+    if os.name == "nt":
+        return None
+    import fcntl
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    finally:
+        if not hold:
+            os.close(fd)
+    return True  # (fd stays open while held: closing it would release the lock)
+
+
 def durable_replace(src, dst):
     """os.replace(src, dst) that survives a power cut. A rename can reach the disk before the bytes it
     names, and a power cut then leaves an empty file under dst: so src's bytes are fsynced first, and

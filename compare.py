@@ -88,7 +88,7 @@ from pathlib import Path
 import numpy as np
 
 import configurator
-from common import REFERENCE, cannot_write, die, hms, read_train_args, routing_summary, run_name, split_point, task_scores
+from common import REFERENCE, cannot_write, die, hms, lock_folder, read_train_args, routing_summary, run_name, split_point, task_scores
 from common import run_settings as common_run_settings
 from figures import comparisons, plot_max_weight, plot_routing, plot_sweep, plot_sweep_max_weight, plot_val_loss
 
@@ -680,6 +680,12 @@ def check_finished(config, run_dir, seed, name, passthrough, args, publish):
         raise ValueError(f"{run_dir} finished with {key}={trained!r}, but {where} now gives {key}={now!r}: {retrain}")
 
 
+def still_training(run_dir):
+    """Whether a train.py runs in run_dir now (it holds the folder's lock): one this grid runs from another
+    terminal, or one that a compare.py killed outright (kill -9) left running."""
+    return run_dir.is_dir() and lock_folder(run_dir, hold=False) is False
+
+
 def writable(folder, option):
     """A ValueError unless files can be written in folder, checked without making it (a mistyped out_dir
     with --report=True leaves nothing behind)."""
@@ -920,9 +926,10 @@ def main(argv):
         taken = [(name, seed, local, published) for name, seed, local, published in pairs
                  if not finished(read_log(local)) and finished(read_log(published))]
         for name, seed, local, published in taken:  # all checked before any is taken: a checkpoint is never deleted
-            if (local / "ckpt.pt").exists():
-                raise ValueError(f"{local} holds an unfinished run's checkpoint, and {published} has the run finished: "
-                                 f"delete {local} to take the published run, or rerun without --publish to continue it")
+            if (local / "ckpt.pt").exists() or still_training(local):
+                raise ValueError(f"{local} holds an unfinished run, and {published} has the run finished: stop it if it "
+                                 f"runs, then delete {local} to take the published run, or rerun without --publish to "
+                                 "continue it")
             check_finished(config, published, seed, name, passthrough, train_args(config, local, seed, name, passthrough),
                            publish)  # one the grid would refuse is not copied in first
         for *_, local, published in taken:
@@ -940,6 +947,9 @@ def main(argv):
             check_finished(config, run_dir, seed, name, passthrough, args, publish)
         elif not options["report"]:
             resumable(run_dir, args, code)  # a checkpoint the grid cannot continue stops it now, before any run
+            if still_training(run_dir):  # never its folder deleted under it, nor a second train.py started there
+                raise ValueError(f"a train.py is still running in {run_dir} (one an earlier compare.py, killed, left "
+                                 "running?): let it finish or stop it, then run the same command again")
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:

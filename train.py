@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
 from common import (MAX_SEED, NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, first_line, hms,
-                    once_per_node, peak_flops, process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
+                    lock_folder, once_per_node, peak_flops, process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
 from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
                         load_gpt2, load_state_into, save_checkpoint)
 from download import DownloadError
@@ -191,21 +191,14 @@ if not eval_only:  # (eval_only writes nothing there)
         die(f"out_dir={out_dir} cannot be written: {problem}; choose another out_dir")
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
-    if master and os.name != "nt":
-        # one run writes an out_dir at a time: a second train.py there (a command started twice, a grid rerun while
-        # a run it lost track of still trains) would interleave the logs and race the checkpoints. A lock on the
-        # folder itself (no file is left behind), which the OS releases however this process ends
-        import fcntl
-        out_dir_lock = os.open(out_dir, os.O_RDONLY)
-        try:
-            fcntl.flock(out_dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            die(f"another train.py is running in {out_dir}: wait for it to end or stop it, or use another out_dir")
-        except OSError:  # a filesystem without locks: the run goes on unguarded
-            pass
-        else:  # no other train.py writes here, so a temporary checkpoint is a save cut short by a kill: as big as a
-            for stale in out_dir.glob(f".{ckpt_path.name}.tmp*"):  # checkpoint each, and never read
-                stale.unlink(missing_ok=True)
+    # one run writes an out_dir at a time: a second train.py there (a command started twice, a grid rerun while
+    # a run it lost track of still trains) would interleave the logs and race the checkpoints
+    locked = lock_folder(out_dir) if master else None
+    if locked is False:
+        die(f"another train.py is running in {out_dir}: wait for it to end or stop it, or use another out_dir")
+    if locked:  # no other train.py writes here, so a temporary checkpoint is a save cut short by a kill (as big as
+        for stale in out_dir.glob(f".{ckpt_path.name}.tmp*"):  # a checkpoint each, and never read)
+            stale.unlink(missing_ok=True)
 if init_from != "resume" and ckpt_path.exists() and (not eval_only or init_from == "scratch"):
     # a new run would replace it at its first save (and its log at once): never another run's work silently;
     # and eval_only from scratch beside it would score a fresh model, not the checkpoint there

@@ -242,6 +242,22 @@ def test_cannot_write_says_why_before_the_work(tmp_path):
         assert common.cannot_write(tmp_path / "ro" / "ckpt.pt").startswith(f"cannot create a file in {tmp_path / 'ro'}")
 
 
+@pytest.mark.skipif(os.name == "nt", reason="folder locks are Unix flocks")
+def test_a_folder_lock_has_one_holder_until_its_process_ends(tmp_path):
+    """lock_folder: a process holding it keeps it until it ends; meanwhile another process asks in vain, and
+    only asking (hold=False) takes nothing, so asking twice finds the folder free twice."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, common; print(common.lock_folder(sys.argv[1]), "
+                               "flush=True); sys.stdin.read()", str(tmp_path)], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "True\n"
+        assert common.lock_folder(tmp_path, hold=False) is False
+    finally:
+        holder.communicate("")  # its end releases the lock
+    assert common.lock_folder(tmp_path, hold=False) is True and common.lock_folder(tmp_path, hold=False) is True
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
 def test_synchronize_waits_for_the_named_gpu(monkeypatch):
     """bench.py timed cuda:1 while synchronising cuda:0 (torch's current device)."""
     calls = []

@@ -358,7 +358,7 @@ def test_publish_takes_a_finished_run_but_never_deletes_an_unfinished_local_chec
     argv = [f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1", f"--publish={publish}", "--max_iters=50000",
             "--report=True"]
     log = (local / "log.jsonl").read_text()
-    with pytest.raises(ValueError, match="holds an unfinished run's checkpoint") as error:
+    with pytest.raises(ValueError, match="holds an unfinished run, and") as error:
         compare.main(argv)
     assert "\n" not in str(error.value) and f"delete {local}" in str(error.value)
     assert (local / "ckpt.pt").read_bytes() == b"hours of training" and (local / "log.jsonl").read_text() == log
@@ -370,6 +370,33 @@ def test_publish_takes_a_finished_run_but_never_deletes_an_unfinished_local_chec
     assert (local / "log.jsonl").read_text() == log  # one the grid refuses is not copied in
     compare.main(argv[:-2] + ["--max_iters=40000", "--report=True"])  # the grid the published run belongs to
     assert (tmp_path / "compare" / "results.md").exists()
+
+
+@pytest.mark.skipif(os.name == "nt", reason="the run folders' locks are Unix flocks")
+def test_a_run_that_still_trains_is_never_deleted_or_trained_twice(tmp_path, monkeypatch):
+    """A train.py that a compare.py killed outright left running holds its run's folder (its lock): the grid,
+    run again, stops before anything runs, in one line, and never deletes the folder to start the run over,
+    nor, with --publish, to take a published copy in its place."""
+    run_dir, publish = tmp_path / "compare" / "runs" / "standard" / "seed0", tmp_path / "published"
+    write_log(run_dir, [3.0], done=False)  # begun, no checkpoint yet: the grid would start it over
+    write_log(publish / "runs" / "standard" / "seed0", [3.0, 2.0])
+    log = (run_dir / "log.jsonl").read_text()
+    monkeypatch.setattr(compare, "launch", lambda *a, **k: pytest.fail("a run was launched"))
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: 1.0)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, common; print(common.lock_folder(sys.argv[1]), "
+                               "flush=True); sys.stdin.read()", str(run_dir)], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "True\n"
+        grid = [f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1"]
+        with pytest.raises(ValueError, match="a train.py is still running in") as error:
+            compare.main(grid)
+        assert str(run_dir) in str(error.value) and "\n" not in str(error.value)
+        with pytest.raises(ValueError, match=r"holds an unfinished run, and .* stop it if it runs"):
+            compare.main([*grid, f"--publish={publish}"])
+    finally:
+        holder.communicate("")
+    assert (run_dir / "log.jsonl").read_text() == log
 
 
 def test_papers_comparisons_on_a_synthetic_sweep(tmp_path):
