@@ -9,6 +9,7 @@ with the other downloads, in test_prepare.py.
 
 import importlib.util
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -144,15 +145,17 @@ def record_offset(path, suffix):
 @pytest.mark.parametrize("damage", ["a weight's byte", "a byte of the pickle", "truncated"])
 def test_a_damaged_checkpoint_is_refused_not_loaded_with_wrong_weights(tmp_path, damage):
     """torch.load does not check the CRC-32 that torch.save writes per record: one flipped bit inside a
-    tensor loads as a wrong weight, silently. load_checkpoint checks every record first."""
+    tensor loads as a wrong weight, silently. load_checkpoint checks every record first, and names the one
+    that fails."""
     path = tmp_path / "ckpt.pt"
     weight = torch.arange(1000, dtype=torch.float32)
     save_checkpoint(dict(model={"w": weight}, model_args={}), path)
     data = bytearray(path.read_bytes())
+    record = "data/0" if damage == "a weight's byte" else "data.pkl"
     if damage == "truncated":
         data = data[:len(data) // 2]
     else:
-        data[record_offset(path, "data/0" if damage == "a weight's byte" else "data.pkl") + 7] ^= 0x10
+        data[record_offset(path, record) + 7] ^= 0x10
     path.write_bytes(bytes(data))
     if damage == "a weight's byte":  # what an unchecked load gives: no error, another weight
         assert not torch.equal(torch.load(path, weights_only=True)["model"]["w"], weight)
@@ -160,7 +163,7 @@ def test_a_damaged_checkpoint_is_refused_not_loaded_with_wrong_weights(tmp_path,
         load_checkpoint(path)
     assert "\n" not in str(e.value)
     if damage != "truncated":  # (truncated, torch.load itself fails: the message said "damaged" before too)
-        assert "Bad CRC-32 for file" in str(e.value)
+        assert re.search(rf"Bad CRC-32 for file '[^']*/{re.escape(record)}'", str(e.value)), str(e.value)  # the record named
 
 
 @pytest.mark.parametrize("damage", [(10, 8), (10, 99), (46, 0xFF)])

@@ -794,6 +794,28 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(data, tmp
     assert sorted(p.name for p in out.iterdir()) == ["log.jsonl"]
 
 
+def test_a_checkpoint_that_cannot_be_written_stops_every_torchrun_rank_and_keeps_the_last_one(data, tmp_path):
+    """Under torchrun a failed save (rank 0 writes it) stops every rank with the one line, the last checkpoint whole."""
+    import resource
+
+    def small_files():  # (SIGXFSZ ignored: a write past the limit then fails with EFBIG, as ENOSPC would)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))  # the log fits, a checkpoint (~400 kB) does not
+    out = tmp_path / "out"
+    common = [*TINY, f"--dataset={data}", f"--out_dir={out}", "--eval_interval=2", "--gradient_accumulation_steps=2"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    before = (out / "ckpt.pt").read_bytes()
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN))
+    result = subprocess.run([*torchrun, *common, "--max_iters=4", "--init_from=resume"], cwd=tmp_path, env=ENV,
+                            capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    assert result.returncode != 0
+    for rank in (0, 1):  # (then torchrun's own report of the failed workers)
+        assert (f"[rank {rank}] error: could not save {out / 'ckpt.pt'} (File too large): free space or make {out} "
+                f"writable, then continue from {out / 'ckpt.pt'} (iter 2) with --init_from=resume\n") in result.stderr, \
+            result.stderr
+    assert (out / "ckpt.pt").read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "log.jsonl"]
+
+
 def test_a_log_that_cannot_be_written_stops_every_rank_in_one_line_that_says_how_to_go_on(data, tmp_path):
     """A log.jsonl that stops growing (a file-size limit just above its size, as a full disk) stops the run with one
     line: continue from the checkpoint it holds, or start again when nothing is saved. Under torchrun only rank 0
