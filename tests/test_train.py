@@ -615,6 +615,26 @@ def test_converted_checkpoint_keeps_its_loss(data, tmp_path):
         assert {k: config[k] for k in ckpt["model_args"]} == ckpt["model_args"]
 
 
+def test_init_from_takes_this_runs_block_size_and_crops_a_longer_context_with_a_note(data, tmp_path):
+    """block_size is this run's (train.py's 128 unless set), not the source's: a shorter one keeps the first
+    positions of the source's position embedding, with a note."""
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=256, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32)
+    source = tmp_path / "source.pt"
+    save_checkpoint(dict(model=GPT(config).state_dict(), model_args=asdict(config), iter_num=0, best_val_loss=0.0), source)
+    wpe = load_checkpoint(source)["model"]["transformer.wpe.weight"]
+    no_block_size = [a for a in TINY if not a.startswith("--block_size=")]
+    for args, block_size, said in ((no_block_size, 128, " (train.py's default; set --block_size to keep more)"),
+                                   (TINY + ["--block_size=16"], 16, "\n")):
+        out = tmp_path / f"block{block_size}"
+        result = train(*args, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", "--max_iters=0",
+                       cwd=tmp_path)
+        assert f"note: the context is cropped to block_size={block_size} from {source}'s 256{said}" in result.stdout
+        ckpt = load_checkpoint(out / "ckpt.pt")
+        assert ckpt["model_args"]["block_size"] == block_size
+        assert torch.equal(ckpt["model"]["transformer.wpe.weight"], wpe[:block_size])
+
+
 def test_a_nanogpt_checkpoint_converts(data, tmp_path):
     """nanoGPT's checkpoints: a compiled model's names (every one prefixed _orig_mod.) and model_args without this
     project's settings. Loaded as attnres they keep their loss; with another n_head they load with the note."""
