@@ -1,7 +1,7 @@
 """
 The documentation as tests: every relative link and image in README.md and docs/ points at a file
-that exists (and a #heading at a heading of that file); every heading the code cites by name
-exists; the README's quick start is what CI runs, or is run here as written, in a copy of the
+that exists (and a #heading at a heading of that file), and every test they name exists; every
+heading the code cites by name exists; the README's quick start is what CI runs, or is run here as written, in a copy of the
 repository.
 """
 
@@ -152,6 +152,26 @@ def test_each_summary_links_the_page_it_expands():
     for title, page in (("Results", "docs/results.md"), ("Speed", "docs/speed.md"),
                         ("Reliability", "docs/reliability.md")):
         assert f"]({page})" in section(README, title), f"README's {title} does not link {page}"
+
+
+def test_the_tests_the_docs_name_exist():
+    """Every test file and test function README.md and docs/ name in code (`test_x.py`, `test_x.py::test_y`,
+    `test_y`) exists, in that file where one is named: a renamed test leaves the claim it backs unchecked.
+    A file the text says was "then named" so is a former name."""
+    tests = {p.name: re.findall(r"^def (test_\w+)", p.read_text(), re.M) for p in (REPO / "tests").glob("test_*.py")}
+    every = {name for names in tests.values() for name in names}
+    named = re.compile(r"`(?:tests/)?(?:(test_\w+\.py)(?:::(test_\w+))?|(test_\w+))`")
+    bad, seen = [], 0
+    for path in markdown_files():
+        text = path.read_text()
+        for m in named.finditer(text):
+            file, function = m.group(1), m.group(2) or m.group(3)
+            if text[max(0, m.start() - 11):m.start()] == "then named ":
+                continue
+            seen += 1
+            if (file and file not in tests) or (function and function not in (tests.get(file) if file else every)):
+                bad.append(f"{path.relative_to(REPO)}: {m.group(0)}")
+    assert seen > 20 and not bad, "named tests that do not exist:\n" + "\n".join(bad)
 
 
 def test_headings_the_code_cites_exist():
