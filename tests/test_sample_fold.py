@@ -26,7 +26,7 @@ import fold
 import sample
 from checkpoint import load_checkpoint, load_model, model_args, save_checkpoint
 from helpers import perturb_norms_and_biases, randomise_queries
-from model import GPT, GPTConfig, LowRankLinear, keep_likeliest
+from model import GPT, GPTConfig, LowRankLinear, choose_next_token, keep_likeliest
 from shards import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -338,6 +338,20 @@ def test_top_p_reached_exactly_keeps_no_more_tokens():
         assert (~kept.isinf()).sum(dim=-1).tolist() == [k, k]
 
 
+def test_top_p_takes_its_nucleus_after_the_temperature():
+    """The nucleus is cut from the tempered distribution (Hugging Face's order: temperature, top-k, top-p)."""
+    # probabilities [0.5, 0.3, 0.2] with top_p = 0.6. At temperature 1 the nucleus is tokens 0 and 1 (0.5 alone
+    # is short of 0.6). At temperature 0.5 they are squared and renormalised: [0.25, 0.09, 0.04] / 0.38 =
+    # [0.658, 0.237, 0.105], and token 0 alone reaches 0.6. Cut before the temperature, token 1 would stay in
+    # and be drawn with probability 0.09 / 0.34 = 0.26: in 2000 draws, always some of them.
+    logits = torch.tensor([0.5, 0.3, 0.2]).log().expand(2000, 3)
+    torch.manual_seed(0)
+    assert choose_next_token(logits, temperature=0.5, top_p=0.6).unique().tolist() == [0]
+    # and the other way: at temperature 2, [0.415, 0.322, 0.263], the first two hold 0.737, short of top_p = 0.75,
+    # so all three are in; untempered they hold 0.8 and token 2 would be out
+    assert choose_next_token(logits, temperature=2.0, top_p=0.75).unique().tolist() == [0, 1, 2]
+
+
 def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
     """A nucleus smaller than the most likely token's probability holds that token alone: sampling at
     any temperature then writes the greedy text."""
@@ -347,6 +361,15 @@ def test_top_p_below_the_likeliest_token_is_greedy(tmp_path, capsys):
     assert nucleus == greedy and greedy[0] == 0
     code, _, err = run(sample, ["--ckpt", ckpt, "--top_p=1.5"], capsys)
     assert code == 2 and err.endswith("error: --top_p=1.5 (a probability mass, from 0 to 1)\n")
+
+
+def test_top_k_of_one_is_greedy_at_any_temperature(tmp_path, capsys):
+    """--top_k=K samples among the K most likely tokens: K = 1 at any temperature writes the greedy text."""
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd")
+    greedy = run(sample, ["--ckpt", ckpt] + GREEDY, capsys)
+    assert run(sample, ["--ckpt", ckpt] + GREEDY + ["--temperature=1.5", "--top_k=1"], capsys) == greedy and greedy[0] == 0
+    # with two tokens to choose from, the same draws leave the greedy text (so one token more would show)
+    assert run(sample, ["--ckpt", ckpt] + GREEDY + ["--temperature=1.5", "--top_k=2"], capsys) != greedy
 
 
 def test_cache_and_compile_flags_give_the_same_greedy_text(tmp_path, capsys, monkeypatch):
@@ -409,6 +432,16 @@ def test_stream_decoder_holds_back_incomplete_utf8():
     pieces = [decoder.push(b) for b in text.encode("utf-8")]
     assert pieces[1:3] == ["", "é"]  # 0xC3 alone is half a character
     assert "".join(pieces) + decoder.flush() == text and not any("\ufffd" in p for p in pieces)
+
+
+def test_a_sample_that_ends_inside_a_character_prints_what_it_has(tmp_path, capsys, monkeypatch):
+    """The bytes held back for an incomplete UTF-8 character end the sample (as U+FFFD) rather than vanish."""
+    # "A", then 0xC3, the first of the two bytes of "é", and no second: the sample ends inside a character
+    drawn = [torch.tensor([[65]]), torch.tensor([[0xC3]])]
+    monkeypatch.setattr(GPT, "generate_tokens", lambda self, *args, **kwargs: iter(drawn))
+    code, out, _ = run(sample, ["--ckpt", write_ckpt(tmp_path / "ckpt.pt"), "--start=x", "--num_samples=1",
+                                "--max_new_tokens=2", "--device=cpu"], capsys)
+    assert code == 0 and out == "xA\ufffd\n---------------\n"
 
 
 def test_stream_decoder_gpt2(gpt2_offline):
