@@ -188,6 +188,17 @@ def test_paired_differences_wins_and_std():
     assert compare.paired({0: 1.0}, {0: 1.5})["diff_nats_std"] is None  # one seed: no std
 
 
+def test_pairs_are_matched_by_seed_not_by_position():
+    """Each run's seed is paired with the reference's same seed, whatever else either finished or its order."""
+    ref = {2: 1.80, 0: 2.00, 1: 1.90}  # seed 0 only the reference finished; not in seed order
+    run = {1: 1.85, 2: 1.90}
+    p = compare.paired(run, ref)
+    # seed 1: 1.85 - 1.90 = -0.05; seed 2: 1.90 - 1.80 = +0.10 (paired by position: 1.85 - 1.80, 1.90 - 2.00)
+    assert p["seeds"] == [1, 2] and p["diff_nats"] == pytest.approx([-0.05, 0.10], abs=1e-12)
+    assert p["diff_nats_mean"] == pytest.approx(0.025, abs=1e-12) and p["wins"] == 1
+    assert p["diff_nats_std"] == pytest.approx(math.sqrt(2 * 0.075**2), abs=1e-12)  # ddof=1 about the mean 0.025
+
+
 def test_aggregate_synthetic_grid(tmp_path):
     runs = tmp_path / "compare" / "runs"
     names = ["standard", "delta/res_blocks=0", "rd/res_blocks=0", "lowrank/rank=32", "dlr/rank=32"]
@@ -529,6 +540,19 @@ def test_routing_is_the_final_evals_averaged_over_seeds():
     for route in final:
         assert mean["weights"][route] == pytest.approx(np.mean([final[route]["weights"], other[route]["weights"]], axis=0))
     assert final["L1.mlp"]["max_weight"] != pytest.approx(other["L1.mlp"]["max_weight"])  # (the seeds differ)
+
+
+def test_routing_summary_numbers_are_means_over_seeds():
+    """results.md's deep max weight, deep entropy and JS(QK, V) of a run are each the mean of its seeds' values."""
+    seeds = [routing_of("rd", seed=s) for s in range(3)]
+    mean = compare.mean_routing(seeds)
+    # n_layer=2: the deepest sublayer route is L1.mlp; JS is each seed's mean over the routes that have one
+    assert mean["deepest"] == "L1.mlp"
+    for key, per_seed in (("deep_max_weight", [r["L1.mlp"]["max_weight"] for r in seeds]),
+                          ("deep_entropy", [r["L1.mlp"]["entropy"] for r in seeds]),
+                          ("mean_js", [np.mean([v["js_qk_v"] for v in r.values() if "js_qk_v" in v]) for r in seeds])):
+        assert len(set(per_seed)) == 3  # (the seeds differ: no single seed's value is the mean)
+        assert mean[key] == pytest.approx(sum(per_seed) / 3, abs=1e-12), key
 
 
 def test_a_run_missing_seeds_says_so_and_its_time_is_the_mean(tmp_path):

@@ -282,6 +282,20 @@ def test_val_loss_panels_show_seed_means_and_the_paired_difference(tmp_path, mon
     figures.plt.close(drawn[0])
 
 
+def test_a_seed_only_the_reference_has_is_no_pair_either(tmp_path, monkeypatch):
+    """The paired-difference panel averages run − reference over the seeds both have, the reference's extra seed left out."""
+    curves = {"standard": [[4.0, 2.0], [4.0, 2.2], [4.0, 3.0]],  # seed 2: the reference's alone
+              "rd/res_blocks=0": [[4.0, 1.9], [4.0, 2.0]]}
+    records = {name: {seed: dict(curve=list(zip((0, 100), c))) for seed, c in enumerate(cs)} for name, cs in curves.items()}
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig))
+    assert figures.plot_val_loss(records, list(curves), tmp_path / "val_loss.png")
+    diff = drawn[0].axes[1].lines[0]
+    # at 100: ((1.9 - 2.0) + (2.0 - 2.2)) / 2 = -0.15; with seed 2 in the reference's mean it would be 1.95 - 2.4 = -0.45
+    assert list(diff.get_ydata()) == pytest.approx([0.0, -0.15])
+    figures.plt.close(drawn[0])
+
+
 def test_routing_heatmap_puts_each_weight_at_its_route_and_source(tmp_path, monkeypatch):
     """A cell (route, source) shows that route's mean weight on that source: routes in depth order with each
     rd value route under its attention route and 'out' last, sources from the embedding on, a source the
