@@ -440,6 +440,22 @@ def test_split_tail_cuts_at_a_line_or_between_documents():
     assert prepare.split_tail(["0123456789"], 0.3) == (["0123456"], ["789"])  # no line to go back to
 
 
+def test_split_tail_rounds_the_cut_to_the_nearest_character():
+    """val starts at the character nearest to (1 - val_fraction) of the text, not the one below it."""
+    # 10 characters x 0.67 = 6.7: the cut is at 7, val the last 3 (cut down, at 6, val would take 4)
+    assert prepare.split_tail(["0123456789"], 0.33) == (["0123456"], ["789"])
+    assert prepare.split_tail(["0123456789"], 0.37) == (["012345"], ["6789"])  # 6.3: 6
+
+
+def test_byte_tokens_are_the_utf8_bytes_of_any_text(tmp_path):
+    """A byte-level dataset holds each UTF-8 byte of the text as one token below 256, non-ASCII text included."""
+    text = "naïve café ✓ 🤗\n" * 40
+    (tmp_path / "a.txt").write_text(text, encoding="utf-8")
+    data_dir = prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=tmp_path / "t", quiet=True)
+    # one document: train then val is the text itself, no separator
+    assert np.concatenate([tokens_of(data_dir, "train"), tokens_of(data_dir, "val")]).tolist() == list(text.encode("utf-8"))
+
+
 @pytest.mark.parametrize("val_fraction", [0, 1, 1.5, -0.1])
 def test_val_fraction_must_leave_both_splits_some_text(tmp_path, val_fraction):
     with pytest.raises(ValueError, match=f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}"):
