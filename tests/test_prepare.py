@@ -463,6 +463,17 @@ def test_val_fraction_must_leave_both_splits_some_text(tmp_path, val_fraction):
     assert not (tmp_path / "p").exists()
 
 
+def test_a_meta_json_that_miscounts_its_shards_is_prepared_again(tmp_path):
+    """meta.json's token counts are the shards' exactly: one short of them (too many is a truncated shard) is redone."""
+    (tmp_path / "a.txt").write_text("some text\n" * 50)
+    data_dir = prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=tmp_path / "t", quiet=True)
+    meta = load_meta(data_dir)
+    write_meta(data_dir, dict(meta, val_tokens=meta["val_tokens"] - 1))
+    assert not prepare.is_complete(data_dir)
+    prepare.prepare("text", inputs=[tmp_path / "a.txt"], out=tmp_path / "t", quiet=True)
+    assert load_meta(data_dir)["val_tokens"] == meta["val_tokens"] == len(tokens_of(data_dir, "val"))
+
+
 def test_rerun_reuses_valid_output_and_redoes_corrupt_output(tmp_path, capsys):
     data_dir = prepare.prepare("pydocs", out=tmp_path / "p")
     val = data_dir / "pydocs_val_000000.bin"

@@ -564,6 +564,13 @@ def test_a_reader_that_stops_early_stops_sampling_quietly(tmp_path):
     assert proc.returncode == 141 and err == b""
 
 
+def test_an_empty_prompt_starts_a_new_document(gpt2_offline):
+    """An empty --start is GPT-2's <|endoftext|> (50256), which begins every training document; bytes have none: refused."""
+    assert sample.read_prompt("", get_tokenizer("gpt2"), 32) == [50256]
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        sample.read_prompt("", get_tokenizer("bytes"), 32)
+
+
 def test_long_prompt_is_cropped_with_a_note(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="delta")
     prompt = tmp_path / "prompt.txt"
