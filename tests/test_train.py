@@ -25,7 +25,7 @@ import configurator
 from checkpoint import load_checkpoint, save_checkpoint
 from helpers import takes_ctrl_c
 from model import GPT, GPTConfig
-from shards import write_meta, write_shard
+from shards import read_shard, write_meta, write_shard
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "train.py"
@@ -126,6 +126,31 @@ def test_same_seed_same_backbone_and_batches_in_every_mode(data, tmp_path):
     assert all(torch.equal(v, rd["model"][k]) for k, v in standard["model"].items())
     assert set(rd["model"]) - set(standard["model"]) == {k for k in rd["model"] if "res_query" in k}
     assert standard["data_rng"] == rd["data_rng"]
+
+
+def test_each_iterations_loss_is_the_mean_over_its_micro_batches_of_the_seeds_windows(data, tmp_path):
+    """The logged training loss of an iteration is the mean loss of its gradient_accumulation_steps micro-batches,
+    whose windows np.random.default_rng(seed) draws uniformly from all of the split's windows, one (micro_steps,
+    batch_size) draw per iteration. With learning_rate=0 the weights stay the initial ones, so this test computes
+    each iteration's loss itself from those windows. Tolerance: the same float32 forward in another process,
+    equal or a few ulps apart."""
+    out = tmp_path / "out"
+    train(*TINY, f"--dataset={data}", f"--out_dir={out}", "--max_iters=3", "--eval_interval=3", "--learning_rate=0",
+          "--min_lr=0", "--gradient_accumulation_steps=2", cwd=tmp_path)
+    torch.manual_seed(7)  # TINY's seed: train.py builds the model right after seeding, as here
+    model = GPT(GPTConfig.from_dict(load_checkpoint(out / "ckpt.pt")["model_args"]))
+    tokens = np.asarray(read_shard(data / "syn_train_000000.bin")).astype(np.int64)
+    rng = np.random.default_rng(7)
+    expected = {}
+    for it in range(3):
+        windows = rng.integers(0, len(tokens) - 32, size=(2, 8))  # block_size 32: a window is 33 tokens
+        micro = []
+        for w in windows:
+            xy = torch.from_numpy(np.stack([tokens[i:i + 33] for i in w]))
+            with torch.no_grad():
+                micro.append(model(xy[:, :-1].contiguous(), xy[:, 1:].contiguous())[1].item())
+        expected[it] = sum(micro) / 2
+    assert losses(out) == pytest.approx(expected, abs=1e-6)
 
 
 def test_compiled_sublayers_train_as_the_eager_model(data, tmp_path):
@@ -252,7 +277,8 @@ def test_resume_takes_the_runs_own_settings(data, tmp_path):
     defaults (here given on the command line, as a config file would): its batches, optimizer and schedule
     come from the checkpoint, so the losses equal a straight run's. A changed length or schedule set again
     is taken and printed; the eval at the checkpoint (here not on an eval multiple) is made again."""
-    common = [*TINY, f"--dataset={data}", "--residual=rd", "--eval_interval=4", "--beta2=0.9", "--weight_decay=0.3"]
+    common = [*TINY, f"--dataset={data}", "--residual=rd", "--eval_interval=4", "--beta1=0.8", "--beta2=0.9",
+              "--weight_decay=0.3"]
     train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=9", cwd=tmp_path)
     train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=5", cwd=tmp_path)
     result = train("--init_from=resume", f"--out_dir={tmp_path / 'halves'}", "--max_iters=9", "--device=cpu",
@@ -261,8 +287,12 @@ def test_resume_takes_the_runs_own_settings(data, tmp_path):
     assert losses(tmp_path / "halves") == losses(tmp_path / "straight")
     assert [e["iter"] for e in events(tmp_path / "halves", "eval")] == [0, 4, 5, 8, 9]
     assert "at iter 5)" in result.stdout  # the summary's first val loss is the resumed iteration's own
-    config = load_checkpoint(tmp_path / "halves" / "ckpt.pt")["config"]
+    ckpt = load_checkpoint(tmp_path / "halves" / "ckpt.pt")
+    config = ckpt["config"]
     assert config["beta2"] == 0.9 and config["log_interval"] == 1 and config["n_layer"] == 2  # the run's, not the defaults
+    # and AdamW trained with them: its groups (matrices, vectors, pseudo-queries) hold the run's betas and decay
+    groups = ckpt["optimizer"]["param_groups"]
+    assert [tuple(g["betas"]) for g in groups] == [(0.8, 0.9)] * 3 and [g["weight_decay"] for g in groups] == [0.3, 0, 0]
 
 
 @pytest.fixture(scope="module")
@@ -417,6 +447,20 @@ def test_the_best_val_loss_is_the_runs_across_a_resume(data, tmp_path):
     assert done["best_val_loss"] == val[2] and done["val_loss"] == val[4]
 
 
+def test_always_save_checkpoint_false_keeps_the_best_checkpoint_when_the_val_loss_rises(data, tmp_path):
+    """always_save_checkpoint=False saves at an evaluation only when the val loss improves on the run's best: a
+    resume at learning_rate=3 whose val loss at iteration 4 is far worse than iteration 2's leaves iteration 2's
+    checkpoint in place, byte for byte."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2", "--always_save_checkpoint=False"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 2  # iteration 2 improved on iteration 0: saved
+    train(*common, "--max_iters=4", "--init_from=resume", "--learning_rate=3", cwd=tmp_path)
+    val = {e["iter"]: e["val_loss"] for e in events(tmp_path, "eval")}
+    assert list(val) == [0, 2, 4] and val[4] > val[2] + 10
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
 def start_and_signal(args, out_dir, sig, after_iter, command=(sys.executable, str(TRAIN)), cwd=None):
     """Start train.py, send it sig once its log shows iteration after_iter, wait for it to end: (its
     return code, stdout)."""
@@ -527,7 +571,9 @@ def test_torchrun_two_ranks_match_one_process(data, tmp_path):
     every iteration's windows come from one generator, rank r taking micro-batches r, r+2, ...: so
     2 ranks x 2 micro-steps see exactly the batches of 1 process x 4 micro-steps. Only the order of
     the float32 sums differs (gloo's all-reduce, the per-rank loss scaling), a relative 1e-7 per
-    step; Adam carries it over a few steps to ~1e-6. Tolerance: 1e-5 relative."""
+    step; Adam carries it over a few steps to ~1e-6. Tolerance: 1e-5 relative. Both count an iteration's tokens
+    over all ranks (tokens_per_s) and its FLOPs against the peak of all ranks (mfu), so the two report the same
+    throughput for the same pace."""
     common = [*TINY, f"--dataset={data}", "--residual=delta", "--max_iters=5", "--eval_interval=5",
               "--gradient_accumulation_steps=4"]
     train(*common, f"--out_dir={tmp_path / 'one'}", cwd=tmp_path)
@@ -539,6 +585,14 @@ def test_torchrun_two_ranks_match_one_process(data, tmp_path):
         assert two[it] == pytest.approx(one[it], rel=1e-5)
     val = [events(tmp_path / d, "eval")[-1]["val_loss"] for d in ("one", "two")]
     assert val[1] == pytest.approx(val[0], rel=1e-5)
+    flops_per_token = GPT(GPTConfig.from_dict(load_checkpoint(tmp_path / "one" / "ckpt.pt")["model_args"])).flops_per_token()
+    tokens_per_iter = 4 * 8 * 32  # gradient_accumulation_steps x batch_size x block_size, all ranks together
+    for d, ranks in (("one", 1), ("two", 2)):
+        for e in events(tmp_path / d, "train"):  # (rel=1e-9: only the float rounding of ms_per_iter's * 1000)
+            seconds = e["ms_per_iter"] / 1000
+            assert e["tokens_per_s"] * seconds == pytest.approx(tokens_per_iter, rel=1e-9), d
+            peak = ranks * 1e12  # TINY's peak_tflops=1.0, per device
+            assert e["mfu"] * peak * seconds == pytest.approx(flops_per_token * tokens_per_iter, rel=1e-9), d
 
 
 def test_torchrun_resume_is_exact_with_each_ranks_dropout_stream(data, tmp_path):
@@ -653,6 +707,20 @@ def test_a_nanogpt_checkpoint_converts(data, tmp_path):
     result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'heads'}", f"--init_from={nanogpt}", "--n_head=4",
                    "--max_iters=0", cwd=tmp_path)
     assert f"note: {nanogpt} (standard, res_blocks=0) loaded as this model" in result.stdout
+
+
+def test_a_longer_context_is_cropped_to_its_first_positions(data, tmp_path):
+    """init_from a checkpoint trained with a longer context than block_size keeps its first block_size position
+    embeddings (nanoGPT's crop_block_size) and every other weight as it was."""
+    source = standard_checkpoint(tmp_path / "source.pt", data)  # block_size 32
+    out = tmp_path / "out"
+    short = [a for a in TINY if not a.startswith("--block_size=")] + ["--block_size=16"]
+    result = train(*short, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", "--max_iters=0", cwd=tmp_path)
+    assert "the context is cropped to block_size=16" in result.stdout
+    cropped, whole = load_checkpoint(out / "ckpt.pt")["model"], load_checkpoint(source)["model"]
+    assert cropped.keys() == whole.keys()
+    assert torch.equal(cropped["transformer.wpe.weight"], whole["transformer.wpe.weight"][:16])
+    assert all(torch.equal(v, whole[k]) for k, v in cropped.items() if k != "transformer.wpe.weight")
 
 
 @pytest.mark.parametrize("log_interval", [1, 100])
@@ -877,11 +945,11 @@ def test_a_token_beyond_the_vocabulary_is_a_one_line_error(tmp_path):
     one line, where the embedding would fail with an index error."""
     data = make_dataset(tmp_path / "syn")
     tokens = np.arange(4_000) % VOCAB
-    tokens[::20] = VOCAB + 3  # in every window
+    tokens[::20] = VOCAB  # in every window; the first id past the vocabulary, the edge of the check
     write_shard(data / "syn_val_000000.bin", tokens)
     result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", cwd=tmp_path, ok=False)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-    assert f"token id {VOCAB + 3}, beyond the vocabulary of {VOCAB}" in result.stderr
+    assert f"token id {VOCAB}, beyond the vocabulary of {VOCAB}" in result.stderr
     assert "syn_val_000000.bin" in result.stderr and "prepare the data again" in result.stderr
 
 
@@ -992,6 +1060,19 @@ def test_progress_line_shows_elapsed_time_and_eta(data, tmp_path):
     lines = [l for l in result.stdout.splitlines() if l.startswith("iter ")]
     assert len(lines) == 3 and all(" elapsed, ETA " in l for l in lines)
     assert lines[-1].endswith("ETA 0m00s")  # the last iteration has nothing left
+
+
+def test_ms_per_iter_is_per_iteration_between_log_lines(data, tmp_path):
+    """A log line's ms_per_iter (and so its tokens_per_s and mfu) is the time since the last log line divided by
+    the iterations it covers, not their total: log lines at 0, 4 and 8 cover 1, 4 and 4 iterations, disjoint
+    stretches of the run, so ms_per_iter x iterations summed over them cannot exceed the run's elapsed time (the
+    total instead would count the 4-iteration stretches 4 times over, ~3x the elapsed time)."""
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=9", "--eval_interval=100",
+          "--log_interval=4", cwd=tmp_path)
+    lines = events(tmp_path, "train")
+    assert [e["iter"] for e in lines] == [0, 4, 8]
+    covered = sum(e["ms_per_iter"] / 1000 * n for e, n in zip(lines, (1, 4, 4)))
+    assert covered <= events(tmp_path, "done")[0]["elapsed_s"]
 
 
 def test_wandb_logs_what_the_log_logs(data, tmp_path):
