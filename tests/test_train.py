@@ -295,6 +295,17 @@ def test_resume_takes_the_runs_own_settings(data, tmp_path):
     assert [tuple(g["betas"]) for g in groups] == [(0.8, 0.9)] * 3 and [g["weight_decay"] for g in groups] == [0.3, 0, 0]
 
 
+def test_dropout_set_again_on_resume_is_the_one_trained_with(data, tmp_path):
+    """dropout is the model setting a resume may change: set again, it is printed and the resumed model is built
+    with it, as the model_args of its checkpoint record (not the checkpoint's own 0.1)."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", "--dropout=0.1", cwd=tmp_path)
+    result = train(*common, "--max_iters=4", "--init_from=resume", "--dropout=0.0", cwd=tmp_path)
+    assert "dropout 0.1 -> 0.0" in result.stdout
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["iter_num"] == 4 and ckpt["model_args"]["dropout"] == 0.0
+
+
 @pytest.fixture(scope="module")
 def two_iterations(data, tmp_path_factory):
     """A run trained 2 iterations, which the refused resumes below only read (each checks it is kept whole):
@@ -459,6 +470,20 @@ def test_always_save_checkpoint_false_keeps_the_best_checkpoint_when_the_val_los
     val = {e["iter"]: e["val_loss"] for e in events(tmp_path, "eval")}
     assert list(val) == [0, 2, 4] and val[4] > val[2] + 10
     assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_a_resumed_runs_elapsed_time_counts_from_its_start(data, tmp_path):
+    """elapsed_s (the done line's and the checkpoint's; compare.py tabulates it per run) of a resumed run adds the
+    time up to its checkpoint, spent in the earlier process, to this process's own: so it is at least the
+    checkpoint's elapsed_s plus the iterations trained since (ms_per_iter each at log_interval=1: disjoint
+    stretches of this process's time). This process alone, with 2 of the run's 12 iterations, is far below."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=10"]
+    train(*common, "--max_iters=10", cwd=tmp_path)
+    before = load_checkpoint(tmp_path / "ckpt.pt")["elapsed_s"]
+    train(*common, "--max_iters=12", "--init_from=resume", cwd=tmp_path)
+    since = sum(e["ms_per_iter"] / 1000 for e in events(tmp_path, "train") if e["iter"] >= 10)
+    assert events(tmp_path, "done")[0]["elapsed_s"] >= before + since
+    assert load_checkpoint(tmp_path / "ckpt.pt")["elapsed_s"] >= before + since
 
 
 def start_and_signal(args, out_dir, sig, after_iter, command=(sys.executable, str(TRAIN)), cwd=None):
