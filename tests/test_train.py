@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import configurator
-from checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, load_model, save_checkpoint
 from helpers import takes_ctrl_c
 from model import GPT, GPTConfig
 from shards import read_shard, write_meta, write_shard
@@ -128,6 +128,24 @@ def test_same_seed_same_backbone_and_batches_in_every_mode(data, tmp_path):
     assert standard["data_rng"] == rd["data_rng"]
 
 
+def seed_window_losses(model, data, iters, micro_steps, seed=7):
+    """{iteration: the mean loss of model, as it is, over the micro-batches of the training windows train.py draws
+    for that iteration with seed (TINY's 7): np.random.default_rng(seed), one (micro_steps, batch_size) draw of
+    window starts in the data fixture's one train shard per iteration}."""
+    tokens = np.asarray(read_shard(data / "syn_train_000000.bin")).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    expected = {}
+    for it in range(iters):
+        windows = rng.integers(0, len(tokens) - 32, size=(micro_steps, 8))  # block_size 32: a window is 33 tokens
+        micro = []
+        for w in windows:
+            xy = torch.from_numpy(np.stack([tokens[i:i + 33] for i in w]))
+            with torch.no_grad():
+                micro.append(model(xy[:, :-1].contiguous(), xy[:, 1:].contiguous())[1].item())
+        expected[it] = sum(micro) / micro_steps
+    return expected
+
+
 def test_each_iterations_loss_is_the_mean_over_its_micro_batches_of_the_seeds_windows(data, tmp_path):
     """The logged training loss of an iteration is the mean loss of its gradient_accumulation_steps micro-batches,
     whose windows np.random.default_rng(seed) draws uniformly from all of the split's windows, one (micro_steps,
@@ -139,18 +157,24 @@ def test_each_iterations_loss_is_the_mean_over_its_micro_batches_of_the_seeds_wi
           "--min_lr=0", "--gradient_accumulation_steps=2", cwd=tmp_path)
     torch.manual_seed(7)  # TINY's seed: train.py builds the model right after seeding, as here
     model = GPT(GPTConfig.from_dict(load_checkpoint(out / "ckpt.pt")["model_args"]))
-    tokens = np.asarray(read_shard(data / "syn_train_000000.bin")).astype(np.int64)
-    rng = np.random.default_rng(7)
-    expected = {}
-    for it in range(3):
-        windows = rng.integers(0, len(tokens) - 32, size=(2, 8))  # block_size 32: a window is 33 tokens
-        micro = []
-        for w in windows:
-            xy = torch.from_numpy(np.stack([tokens[i:i + 33] for i in w]))
-            with torch.no_grad():
-                micro.append(model(xy[:, :-1].contiguous(), xy[:, 1:].contiguous())[1].item())
-        expected[it] = sum(micro) / 2
-    assert losses(out) == pytest.approx(expected, abs=1e-6)
+    assert losses(out) == pytest.approx(seed_window_losses(model, data, iters=3, micro_steps=2), abs=1e-6)
+
+
+@pytest.mark.parametrize("residual", ["standard", "delta"])
+def test_dropout_is_on_in_every_training_iteration_after_an_evaluation(data, tmp_path, residual):
+    """Evaluating (and, in a routed mode, reading the routing) puts the model in eval mode; training goes on in
+    training mode: with dropout=0.5 and learning_rate=0, each iteration's loss, each right after an evaluation,
+    is not the loss without dropout on its windows. (standard_checkpoint's model, as delta converted exactly.
+    Measured: 4e-3 to 7e-3 apart; in eval mode it would be the same forward, equal to ~1e-6 as the test above
+    finds: hence 1e-4.)"""
+    source = standard_checkpoint(tmp_path / "source.pt", data)
+    out = tmp_path / "out"
+    train(*TINY, f"--dataset={data}", f"--out_dir={out}", f"--init_from={source}", f"--residual={residual}",
+          "--dropout=0.5", "--learning_rate=0", "--min_lr=0", "--max_iters=3", "--eval_interval=1", cwd=tmp_path)
+    model = load_model(source)[0].eval()
+    without_dropout = seed_window_losses(model, data, iters=3, micro_steps=1)
+    trained = losses(out)
+    assert all(abs(trained[it] - without_dropout[it]) > 1e-4 for it in range(3)), (trained, without_dropout)
 
 
 def test_compiled_sublayers_train_as_the_eager_model(data, tmp_path):
@@ -980,16 +1004,17 @@ def test_a_token_beyond_the_vocabulary_is_a_one_line_error(tmp_path):
 
 def test_windows_map_onto_shards_and_skip_a_shard_too_short_for_one(tmp_path):
     """Window i of a split lies in one shard (window i - first of shard k, shards of block_size tokens or fewer
-    hold none): a split in three shards, the middle one too short, evaluates a checkpoint on exactly the
-    windows this test reads itself (eval_iters x batch_size windows spread evenly from the first to the last)."""
+    hold none, one of block_size + 1 holds one): a split in three shards, the middle one too short (train) or
+    just long enough for one window (val), evaluates a checkpoint on exactly the windows this test reads itself
+    (eval_iters x batch_size windows spread evenly from the first to the last of every window of the split)."""
     data = tmp_path / "shards"
     rng = np.random.default_rng(1)
     shards = {"train": [rng.integers(0, VOCAB, n) for n in (5_000, 20, 15_000)],
-              "val": [rng.integers(0, VOCAB, n) for n in (1_000, 32, 3_000)]}
+              "val": [rng.integers(0, VOCAB, n) for n in (1_000, 33, 3_000)]}
     for split, tokens in shards.items():
         for k, t in enumerate(tokens):
             write_shard(data / f"syn_{split}_{k:06d}.bin", t)
-    write_meta(data, dict(tokenizer="bytes", vocab_size=VOCAB, train_tokens=20_020, val_tokens=4_032,
+    write_meta(data, dict(tokenizer="bytes", vocab_size=VOCAB, train_tokens=20_020, val_tokens=4_033,
                           source="synthetic"))
     source = standard_checkpoint(tmp_path / "source.pt", data)
     train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", f"--init_from={source}", "--residual=standard",
@@ -1000,10 +1025,9 @@ def test_windows_map_onto_shards_and_skip_a_shard_too_short_for_one(tmp_path):
     model.load_state_dict(ckpt["model"])
     model.eval()
     for split, tokens in shards.items():
-        long_enough = [tokens[0], tokens[2]]  # 32 tokens hold no window of 33
-        windows = np.linspace(0, sum(len(t) - 32 for t in long_enough) - 1, 2 * 8).astype(np.int64)
-        rows = [long_enough[0][w:w + 33] if w < len(tokens[0]) - 32 else
-                long_enough[1][w - (len(tokens[0]) - 32):][:33] for w in windows]
+        every_window = [t[i:i + 33] for t in tokens for i in range(len(t) - 32)]  # 20 tokens hold none of 33, 33 one
+        windows = np.linspace(0, len(every_window) - 1, 2 * 8).astype(np.int64)
+        rows = [every_window[w] for w in windows]
         xy = torch.from_numpy(np.stack(rows).astype(np.int64))
         with torch.no_grad():
             x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
