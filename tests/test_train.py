@@ -298,11 +298,12 @@ def test_grad_clip_bounds_the_gradient_norm_and_0_turns_it_off(data, tmp_path):
 
 def test_resume_takes_the_runs_own_settings(data, tmp_path):
     """`--init_from=resume --out_dir=DIR` alone continues a run trained with other settings than train.py's
-    defaults (here given on the command line, as a config file would): its batches, optimizer and schedule
-    come from the checkpoint, so the losses equal a straight run's. A changed length or schedule set again
+    defaults (here given on the command line, as a config file would): its batches, optimizer, schedule and
+    dtype (bfloat16, where a CPU's auto would choose float32) come from the checkpoint, so the losses equal a
+    straight run's. A changed length or schedule set again
     is taken and printed; the eval at the checkpoint (here not on an eval multiple) is made again."""
     common = [*TINY, f"--dataset={data}", "--residual=rd", "--eval_interval=4", "--beta1=0.8", "--beta2=0.9",
-              "--weight_decay=0.3"]
+              "--weight_decay=0.3", "--dtype=bfloat16"]
     train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=9", cwd=tmp_path)
     train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=5", cwd=tmp_path)
     result = train("--init_from=resume", f"--out_dir={tmp_path / 'halves'}", "--max_iters=9", "--device=cpu",
@@ -314,6 +315,7 @@ def test_resume_takes_the_runs_own_settings(data, tmp_path):
     ckpt = load_checkpoint(tmp_path / "halves" / "ckpt.pt")
     config = ckpt["config"]
     assert config["beta2"] == 0.9 and config["log_interval"] == 1 and config["n_layer"] == 2  # the run's, not the defaults
+    assert config["dtype"] == "bfloat16" and "training on cpu in bfloat16" in result.stdout
     # and AdamW trained with them: its groups (matrices, vectors, pseudo-queries) hold the run's betas and decay
     groups = ckpt["optimizer"]["param_groups"]
     assert [tuple(g["betas"]) for g in groups] == [(0.8, 0.9)] * 3 and [g["weight_decay"] for g in groups] == [0.3, 0, 0]
