@@ -169,11 +169,11 @@ def test_a_storage_saved_twice_is_counted_once():
     assert saved.nbytes == x.numel() * x.element_size()
 
 
-def tiny_row(name, monkeypatch):
-    """A bench row on TINY's config, as run() makes it."""
+def tiny_row(name, monkeypatch, *options):
+    """A bench row on TINY's config (and any other options), as run() makes it."""
     import bench
     from common import autocast
-    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY])
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, *options])
     args = bench.parse_args()
     return bench.Row(name, bench.ROWS.get(name, "dense"), bench.row_settings(name), args, autocast(args.device, args.dtype))
 
@@ -493,3 +493,124 @@ def test_a_default_rank_of_zero_is_a_one_line_error_only_where_a_low_rank_row_ru
     assert "default rank, n_embd/4, is 0 at --n_embd=2: give --rank" in result.stderr
     result = run_bench("--n_embd=2", "--n_head=1", "--rows=standard")
     assert result.returncode == 0, result.stderr
+
+
+def test_gpu_training_memory_is_the_rows_state_plus_what_its_step_allocates(monkeypatch):
+    """On a GPU every row's model and optimizer share one allocator: a row's training memory is its own state
+    (parameters, buffers, AdamW's two moments) plus the peak its step allocates above what was allocated
+    before it (every other row's state with it), in MiB, the peak counter reset just before the step."""
+    import bench
+    row = tiny_row("dlr/rank=8", monkeypatch)
+    row.train_step()  # run()'s warm-up step comes first: AdamW's moments exist when the memory is measured
+    row.args.device = "cuda"  # the allocator's counters below are faked; the model stays on the CPU
+    before, above = 300 * 2 ** 20, 5 * 2 ** 20  # allocated before the step (all rows); the step's peak above that
+    events = []
+    monkeypatch.setattr(bench, "synchronize", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: events.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: before)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: events.append("peak") or before + above)
+    step = row.train_step
+    monkeypatch.setattr(row, "train_step", lambda: events.append("step") or step())
+    row.measure_memory()
+    assert events == ["reset", "step", "peak"]
+    params = [p.numel() * p.element_size() for p in row.model.parameters()]
+    buffers = sum(b.numel() * b.element_size() for b in row.model.buffers())
+    assert buffers > 0
+    # 3 x the parameters: themselves, exp_avg and exp_avg_sq (their gradients are in the step's peak);
+    # AdamW's step counters, 4 bytes a parameter tensor, within the tolerance
+    assert row.peak_mem * 2 ** 20 == pytest.approx(3 * sum(params) + buffers + above, abs=4 * len(params))
+
+
+def test_a_row_runs_with_the_route_options_given(monkeypatch):
+    """--fused_route and --bf16_sources reach every row's model: the model's own defaults are auto and true,
+    so a row that dropped them would time the default route, not the one asked for."""
+    row = tiny_row("attnres/res_blocks=0", monkeypatch, "--fused_route=false", "--bf16_sources=false")
+    assert row.model.fused_route is False and row.model.bf16_sources is False
+
+
+def test_rank_names_and_builds_the_low_rank_rows(monkeypatch):
+    """--rank=4 (not the default n_embd/4 = 8) is the low-rank rows' name and their models' rank: folded/rank=4
+    is dlr/rank=4 folded, compared with lowrank/rank=4, itself compared with dense (the standard model)."""
+    import bench
+
+    class Stop(Exception):
+        pass
+    built = {}
+
+    class Built:  # what run() builds each row from; it stops once all are built
+        def __init__(self, name, reference, cfg, args, ctx):
+            built[name] = reference, cfg
+
+        @property
+        def model(self):
+            raise Stop
+    monkeypatch.setattr(bench, "Row", Built)
+    monkeypatch.setattr(bench, "peak_flops", lambda *a: (1e12, "test"))
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, "--rank=4", "--rows=folded/rank=4"])
+    with pytest.raises(Stop):
+        bench.run(bench.parse_args())
+    assert built == {"dense": ("dense", dict(residual="standard", lowrank_rank=0, dlr=False)),
+                     "lowrank/rank=4": ("dense", dict(residual="standard", lowrank_rank=4, dlr=False)),
+                     "folded/rank=4": ("lowrank/rank=4", dict(residual="standard", lowrank_rank=4, dlr=True, fold=True))}
+
+
+def fake_timings(monkeypatch, train_s=0.5, decode_s=0.01):
+    """Every timed round takes these seconds (a step, a token) and every row 1 MiB: run() without the timing."""
+    import bench
+    monkeypatch.setattr(bench.Row, "time_train", lambda self, steps: train_s)
+    monkeypatch.setattr(bench.Row, "time_decode", lambda self, n: decode_s)
+    monkeypatch.setattr(bench.Row, "measure_memory", lambda self: setattr(self, "peak_mem", 1.0))
+
+
+@pytest.mark.parametrize("threads", [None, 3])
+def test_the_cpu_peak_and_the_json_count_the_threads_the_rows_run_on(tmp_path, monkeypatch, threads):
+    """The CPU's matmul peak is one thread's speed times torch's thread count (common.measured_matmul_flops), so
+    --threads is set before the peak is measured; the JSON's threads is the count run with, torch's own where
+    --threads is left out (config's threads is then None)."""
+    import bench
+    count = [6]  # torch's thread count, faked: this process keeps its own
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: count.__setitem__(0, n))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: count[0])
+    seen = []
+    monkeypatch.setattr(bench, "peak_flops", lambda *a: seen.append(count[0]) or (1e9, "test"))
+    fake_timings(monkeypatch)
+    out = tmp_path / "bench.json"
+    options = [f"--threads={threads}"] if threads else []
+    monkeypatch.setattr(sys, "argv", ["bench.py", *(a for a in TINY if not a.startswith("--threads=")), *options,
+                                      "--rows=standard", f"--json={out}"])
+    bench.main()
+    data = json.loads(out.read_text())
+    assert seen == [threads or 6] and data["threads"] == (threads or 6) and data["config"]["threads"] == threads
+
+
+def test_compile_times_are_each_phases_first_call(tmp_path, monkeypatch):
+    """With --compile each row's compile_s is its first (compiling) call of each phase: the warm-up's training
+    step, and apart from it the warm-up's decoding. A clock that only those calls move on gives the exact
+    seconds (torch.compile is left out: the calls timed are the same). The JSON names the run's settings."""
+    import types
+    import bench
+    clock = [0.0]
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], strftime=lambda f: "2026-01-01"))
+    monkeypatch.setattr(torch, "compile", lambda model: model)
+    monkeypatch.setattr(bench.GPT, "compile_decoding", lambda self: lambda t, c: self(t, cache=c)[0])
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(torch._dynamo.config, limit, getattr(torch._dynamo.config, limit))  # run() raises it: restored
+    first_calls = {"standard": (30.0, 4.0), "attnres/res_blocks=0": (90.0, 6.0)}  # seconds: training step, decoding
+
+    def train_step(self):
+        clock[0] += first_calls[self.name][0]
+
+    def time_decode(self, n):
+        clock[0] += first_calls[self.name][1] if n == bench.WARMUP_DECODE_TOKENS else 0.0
+        return 0.01
+    fake_timings(monkeypatch)
+    monkeypatch.setattr(bench.Row, "train_step", train_step)
+    monkeypatch.setattr(bench.Row, "time_decode", time_decode)
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, "--compile", "--dtype=bfloat16", "--peak_tflops=1",
+                                      "--rows=standard,attnres/res_blocks=0", f"--json={out}"])
+    bench.main()
+    data = json.loads(out.read_text())
+    assert (data["device"], data["dtype"], data["compile"], data["compile_sublayers"]) == ("cpu", "bfloat16", True, False)
+    assert {(r["name"], r["phase"]): r["compile_s"] for r in data["rows"]} == {
+        (name, phase): s for name, (train, decode) in first_calls.items() for phase, s in (("train", train), ("decode", decode))}
