@@ -6,6 +6,7 @@ log.jsonl, bench.py's JSON), and the shell scripts at least parse. The scripts t
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -199,3 +200,51 @@ def test_bf16_sources_check_pairs_the_seeds_at_the_granularity_asked(tmp_path):
 def test_scripts_parse(script):
     result = subprocess.run(["bash", "-n", str(ROOT / "tools" / script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_summary_takes_each_bench_figure_from_its_own_phase(tmp_path):
+    """As bench.py --json writes a row: memory and its ratio on the training phase only, tokens/s, ratio and
+    MFU on both. The summary's memory and MFU are the training step's, tokens/s and ratio each phase's."""
+    rows = [dict(name="rd/res_blocks=4", phase="train", tokens_per_s=81234.4, ratio=0.91234, reference="standard",
+                 mfu=0.412345, compile_s=None, peak_mem_mb=20480.4, mem_ratio=1.23456),
+            dict(name="rd/res_blocks=4", phase="decode", tokens_per_s=1567.6, ratio=0.87654, reference="standard",
+                 mfu=0.012345, compile_s=None)]
+    path = tmp_path / "bench_eager_plain.json"
+    path.write_text(json.dumps(dict(fused_route=False, route_tile=None, paired_route_tile=None, compile=False, rows=rows)))
+    assert gpu_summary.bench(path)["rows"] == {"rd/res_blocks=4": dict(
+        train_ratio=0.912, train_tokens_per_s=81234, mem_ratio=1.235, peak_mem_mb=20480, mfu=0.4123,
+        decode_ratio=0.877, decode_tokens_per_s=1568)}
+
+
+def test_training_speed_is_the_median_after_warm_up(tmp_path):
+    """One slow logged iteration after the warm-up (here 10x slower, iteration 25) moves a mean by a tenth of
+    itself, not the median: the summary's tokens/s and MFU are the medians of the iterations from 20 on."""
+    run = tmp_path / "train_delta"
+    write_train_log(run, 1000.0)
+    events = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    slow = next(e for e in events if e.get("iter") == 25 and e["event"] == "train")
+    slow.update(tokens_per_s=100.0, mfu=0.025)
+    (run / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    speed = gpu_summary.training(run)
+    assert (speed["tokens_per_s"], speed["mfu"]) == (1000.0, 0.25)  # the mean would be 910 and 0.2275
+
+
+def test_summary_reads_every_file_the_gpu_check_writes(tmp_path):
+    """Every --json, --junitxml and training --out_dir that tools/gpu_check.sh gives its parts is one the summary
+    reads, and it reads no other: a name changed on one side only would summarise that part as missing (null)."""
+    script = (ROOT / "tools" / "gpu_check.sh").read_text().replace("\\\n", " ")  # a command continued on the next line: one line
+    jsons = set(re.findall(r'--json="\$out/(\w+)\.json"', script))
+    runs = set(re.findall(r'train\.py [^\n]*--out_dir="\$out/(\w+)"', script))
+    assert "bench_compiled_sublayers" in jsons and "route" in jsons and runs == {"train_delta", "train_rd_dlr"}
+    assert '--junitxml="$out/tests.xml"' in script
+    (tmp_path / "tests.xml").write_text(JUNIT)
+    for name in jsons:
+        (tmp_path / f"{name}.json").write_text(json.dumps(dict(compile=False, rows=[], fastest_tile="4096:4")))
+    for name in runs:
+        write_train_log(tmp_path / name, 1000.0)
+    gpu_summary.main(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    read = {key for key, value in summary.items() if key == "route" or key.startswith("bench_")}
+    assert read == jsons and all(summary[name] is not None for name in jsons)
+    assert summary["route"]["fastest_tile"] == "4096:4" and summary["tests"] is not None
+    assert set(summary["train"]) == runs and all(summary["train"][name] is not None for name in runs)
