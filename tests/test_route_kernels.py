@@ -882,3 +882,41 @@ def test_compiling_for_a_gpu_asks_for_the_compiler():
         pytest.skip("Triton compiles here: the interpreter is off")
     with pytest.raises(RuntimeError, match="unset TRITON_INTERPRET"):
         kernels.compile_for_gpu(90, m=2, d=8)
+
+
+def test_route_benchmark_reports_bandwidth_against_each_routes_byte_floor():
+    """GB/s is a byte floor over the time. One route reads m sources and writes a mix forward, (m + 1) B T d
+    elements, and reads g, the mix and m sources and writes m gradients backward, (2m + 2) B T d; a pair (and
+    two routes, its comparison) reads m and writes 2 mixes forward, (m + 2) B T d, and reads 2 g, 2 mixes and m
+    sources and writes m backward, (2m + 4) B T d, at the default tile and at each other tile; the copy moves
+    the forward's floor. The forward alone is timed without autograd: the timer here says 2 ms for it, 3 ms
+    with the backward, 0.5 ms for the copy."""
+    def timer(fn):
+        out = fn()
+        if isinstance(out, torch.Tensor) and out.dtype == torch.uint8:
+            return 0.5  # the copy: dst.copy_(src) of bytes
+        return 3.0 if torch.is_grad_enabled() else 2.0
+    m, B, T, d = 3, 1, 8, 16
+    result = kernels.benchmark_route(m=m, B=B, T=T, d=d, dtype=torch.float32, device=DEVICE,
+                                     tiles=kernels.parse_tiles("64:1"), timer=timer)
+    size = B * T * d * 4  # bytes of one float32 [B, T, d]
+    one, pair = ((m + 1) * size, (2 * m + 2) * size), ((m + 2) * size, (2 * m + 4) * size)  # (forward, backward)
+    assert (result["floor_bytes_fwd"], result["floor_bytes_fwd_bwd"], result["floor_bytes_pair_fwd_bwd"]) == \
+        (one[0], sum(one), sum(pair))
+    assert result["copy_gb_s"] == pytest.approx(one[0] / 0.5 / 1e6)  # bytes per ms / 1e6: GB/s
+    for timed, (fwd, bwd) in ((result["fused"], one), (result["eager"], one), (result["tiles"][0], one),
+                              (result["paired"], pair), (result["2_routes"], pair), (result["paired_tiles"][0], pair)):
+        assert (timed["fwd_ms"], timed["fwd_bwd_ms"]) == (2.0, 3.0)
+        assert timed["fwd_gb_s"] == pytest.approx(fwd / 2.0 / 1e6)
+        assert timed["fwd_bwd_gb_s"] == pytest.approx((fwd + bwd) / 3.0 / 1e6)
+
+
+def test_the_pairs_tile_is_held_to_the_pairs_own_time_by_three_percent():
+    """A pair takes about twice one route's time: its other tiles are held to the pair's time at its default
+    tile, not one route's; and another tile replaces a default only 3% faster or more (gpu_check.sh's rule)."""
+    result = dict(default_tile="4096:4", fused=dict(fwd_bwd_ms=10.0), tiles=[dict(tile="a", fwd_bwd_ms=9.69)],
+                  default_paired_tile="4096:4", paired=dict(fwd_bwd_ms=20.0), paired_tiles=[dict(tile="b", fwd_bwd_ms=15.0)])
+    assert kernels.fastest_tile(result, paired=True) == "b"  # 25% faster than the pair's default, slower than one route
+    assert kernels.fastest_tile(result) == "a"  # 3.1% faster
+    result["tiles"][0]["fwd_bwd_ms"] = 9.75  # 2.5% faster: within the timer's noise
+    assert kernels.fastest_tile(result) == "4096:4"
