@@ -1106,6 +1106,58 @@ def test_configurator_reads_strings_as_typed_and_skips_a_config_files_functions(
     assert config == dict(batch_size=4, dataset="7", wandb_group="2024") and explicit == {"batch_size", "dataset", "wandb_group"}
 
 
+def test_configurator_applies_files_and_overrides_left_to_right(tmp_path):
+    """Arguments apply in the order given: a config file after an override wins over it, an override after a
+    file wins over the file, and of two overrides of one key the last wins."""
+    defaults = dict(batch_size=12, learning_rate=1e-3)
+    config_file = tmp_path / "my_config.py"
+    config_file.write_text("batch_size = 4\n")
+    cases = {("--batch_size=8", str(config_file)): 4, (str(config_file), "--batch_size=8"): 8,
+             ("--batch_size=8", "--batch_size=16"): 16, (str(config_file), "--batch_size=8", str(config_file)): 4}
+    for argv, batch_size in cases.items():
+        assert configurator.configure(defaults, list(argv), "train.py")[0] == dict(batch_size=batch_size,
+                                                                                  learning_rate=1e-3), argv
+
+
+def test_configurator_refuses_an_unknown_override_in_one_line(capsys):
+    """A misspelt --key=value is the same one-line error, exit 2, as a misspelt key in a config file."""
+    for arg in ("--batch_siz=8", "--Batch_size=8", "--=8"):
+        with pytest.raises(SystemExit) as exit_:
+            configurator.configure(dict(batch_size=12, dataset="pydocs"), [arg], "train.py")
+        err = capsys.readouterr().err
+        key = arg[2:].partition("=")[0]
+        assert exit_.value.code == 2 and err == f"error: unknown config key {key!r} (see --help)\n", err
+
+
+def test_configurator_takes_a_string_setting_as_typed_up_to_its_first_equals_sign():
+    """A string setting is the text after the first '=', as it is: not a literal read and printed again
+    (1e3 stays 1e3, quotes stay), and a later '=' is part of the value."""
+    defaults = dict(dataset="pydocs", wandb_run_name="run", batch_size=12)
+    config, explicit = configurator.configure(
+        defaults, ["--dataset=1e3", "--wandb_run_name=lr=3e-4", "--batch_size=0x10"], "train.py")
+    assert config == dict(dataset="1e3", wandb_run_name="lr=3e-4", batch_size=16)
+    assert configurator.configure(defaults, ["--dataset='a'"], "train.py")[0]["dataset"] == "'a'"
+
+
+def test_configurator_skips_a_config_files_private_names(tmp_path):
+    """A config file's names that start with '_' are its own helpers, not settings: no unknown-key error."""
+    config_file = tmp_path / "my_config.py"
+    config_file.write_text("_tokens_per_step = 4096\nblock_size = 256\nbatch_size = _tokens_per_step // block_size\n")
+    config, explicit = configurator.configure(dict(batch_size=12, block_size=1024), [str(config_file)], "train.py")
+    assert config == dict(batch_size=16, block_size=256) and explicit == {"batch_size", "block_size"}
+
+
+def test_configurator_short_help_is_help(tmp_path, capsys):
+    """-h, like --help, prints every key with its default and comment and exits 0 before later arguments are read."""
+    script = tmp_path / "script.py"
+    script.write_text("batch_size = 12  # sequences per step\n")
+    for flag in ("-h", "--help"):
+        with pytest.raises(SystemExit) as exit_:
+            configurator.configure(dict(batch_size=12), [flag, "--nonsense=1"], str(script))
+        out = capsys.readouterr().out
+        assert exit_.value.code == 0 and out.startswith("usage: python script.py ") and "batch_size=12  sequences per step" in out
+
+
 def test_progress_line_shows_elapsed_time_and_eta(data, tmp_path):
     result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=3", "--eval_interval=3", cwd=tmp_path)
     lines = [l for l in result.stdout.splitlines() if l.startswith("iter ")]
