@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import download as download_module
-from checkpoint import gpt2_state_dict, load_gpt2, load_state_into
+from checkpoint import download_gpt2, gpt2_state_dict, load_gpt2, load_state_into
 from download import DownloadError
 from localserver import LocalServer
 from model import GPT, GPTConfig
@@ -147,3 +147,16 @@ def test_torchrun_downloads_gpt2_once(tmp_path):
         assert server.count(HUB_PATH) == 1
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["gpt2.safetensors"]  # no .part left behind
     assert events(tmp_path / "out", "done")[0]["iter"] == 2
+
+
+def test_download_gpt2_takes_the_url_given_over_the_hub(tmp_path, monkeypatch):
+    """download_gpt2(name, url=...) fetches that file into cache_dir/<name>.safetensors, not the hub's; an
+    unknown name is refused before any download."""
+    with LocalServer({"/mirror/gpt2.safetensors": b"weights", HUB_PATH: b"hub"}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        path = download_gpt2("gpt2", tmp_path, url=server.url + "/mirror/gpt2.safetensors")
+        assert path == tmp_path / "gpt2.safetensors" and path.read_bytes() == b"weights"
+        assert server.count("/mirror/gpt2.safetensors") == 1 and server.count(HUB_PATH) == 0
+        with pytest.raises(ValueError, match="unknown GPT-2 model 'gpt3': choose one of gpt2, gpt2-medium"):
+            download_gpt2("gpt3", tmp_path)
+        assert len(server.requests) == 1
