@@ -1147,6 +1147,17 @@ def test_configurator_skips_a_config_files_private_names(tmp_path):
     assert config == dict(batch_size=16, block_size=256) and explicit == {"batch_size", "block_size"}
 
 
+def test_script_defaults_are_the_literal_settings_after_the_imports(tmp_path):
+    """script_defaults reads a script's config section without running it: after the docstring and imports, its
+    literal bool, int, float and string settings, up to the first other statement (an expression included)."""
+    script = tmp_path / "script.py"
+    script.write_text('"""doc"""\nimport os\nfrom pathlib import Path\ncompile = True\nbatch_size = 12\n'
+                      'learning_rate = 6e-4\ndataset = "pydocs"\nprint("start")\nmax_iters = 100\n')
+    assert configurator.script_defaults(script) == dict(compile=True, batch_size=12, learning_rate=6e-4, dataset="pydocs")
+    script.write_text("batch_size = 12\nblock_size = 2 * batch_size\nmax_iters = 100\n")
+    assert configurator.script_defaults(script) == dict(batch_size=12)
+
+
 def test_configurator_short_help_is_help(tmp_path, capsys):
     """-h, like --help, prints every key with its default and comment and exits 0 before later arguments are read."""
     script = tmp_path / "script.py"
