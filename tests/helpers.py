@@ -2,6 +2,10 @@
 
 import json
 import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -12,6 +16,20 @@ def takes_ctrl_c():
     """preexec_fn for a child the test sends SIGINT: the test run itself may be a shell's background job, which
     starts with SIGINT ignored, and a child inherits that (Python then raises no KeyboardInterrupt)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def folder_locked_by_another_process(folder):
+    """Within it, another process holds folder's lock (common.lock_folder), as a running train.py holds its
+    out_dir; it ends that process, which releases the lock."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, common; print(common.lock_folder(sys.argv[1]), "
+                               "flush=True); sys.stdin.read()", str(folder)], cwd=Path(__file__).resolve().parents[1],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "True\n"
+        yield
+    finally:
+        holder.communicate("")
 
 
 def tiny_config(**overrides):

@@ -24,7 +24,7 @@ import common  # noqa: E402
 from checkpoint import load_model, model_args, save_checkpoint  # noqa: E402
 from common import (GPU_PEAK_TFLOPS, NonFiniteLosses, autocast, once_per_node, peak_flops, resolve_device,  # noqa: E402
                     resolve_dtype, synchronize)
-from helpers import tiny_config  # noqa: E402
+from helpers import folder_locked_by_another_process, tiny_config  # noqa: E402
 from model import GPT  # noqa: E402
 
 SCRIPTS = ("train.py", "compare.py", "figures.py", "prepare.py", "sample.py", "fold.py", "bench.py")
@@ -246,14 +246,8 @@ def test_cannot_write_says_why_before_the_work(tmp_path):
 def test_a_folder_lock_has_one_holder_until_its_process_ends(tmp_path):
     """lock_folder: a process holding it keeps it until it ends; meanwhile another process asks in vain, and
     only asking (hold=False) takes nothing, so asking twice finds the folder free twice."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, common; print(common.lock_folder(sys.argv[1]), "
-                               "flush=True); sys.stdin.read()", str(tmp_path)], cwd=REPO, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "True\n"
+    with folder_locked_by_another_process(tmp_path):
         assert common.lock_folder(tmp_path, hold=False) is False
-    finally:
-        holder.communicate("")  # its end releases the lock
     assert common.lock_folder(tmp_path, hold=False) is True and common.lock_folder(tmp_path, hold=False) is True
     assert list(tmp_path.iterdir()) == []  # nothing left behind
 

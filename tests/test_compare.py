@@ -20,7 +20,7 @@ import torch
 
 import compare
 from common import device_name
-from helpers import randomise_queries, takes_ctrl_c, tiny_config
+from helpers import folder_locked_by_another_process, randomise_queries, takes_ctrl_c, tiny_config
 from model import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -394,19 +394,13 @@ def test_a_run_that_still_trains_is_never_deleted_or_trained_twice(tmp_path, mon
     log = (run_dir / "log.jsonl").read_text()
     monkeypatch.setattr(compare, "launch", lambda *a, **k: pytest.fail("a run was launched"))
     monkeypatch.setattr(compare, "estimate_run_s", lambda *a: 1.0)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, common; print(common.lock_folder(sys.argv[1]), "
-                               "flush=True); sys.stdin.read()", str(run_dir)], cwd=ROOT, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "True\n"
+    with folder_locked_by_another_process(run_dir):
         grid = [f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1"]
         with pytest.raises(ValueError, match="a train.py is still running in") as error:
             compare.main(grid)
         assert str(run_dir) in str(error.value) and "\n" not in str(error.value)
         with pytest.raises(ValueError, match=r"holds an unfinished run, and .* stop it if it runs"):
             compare.main([*grid, f"--publish={publish}"])
-    finally:
-        holder.communicate("")
     assert (run_dir / "log.jsonl").read_text() == log
 
 

@@ -23,7 +23,7 @@ import torch
 
 import configurator
 from checkpoint import load_checkpoint, load_model, save_checkpoint
-from helpers import takes_ctrl_c
+from helpers import folder_locked_by_another_process, takes_ctrl_c
 from model import GPT, GPTConfig
 from shards import read_shard, write_meta, write_shard
 
@@ -414,26 +414,21 @@ def test_data_changed_under_a_run_is_refused(tmp_path):
 
 @pytest.mark.skipif(os.name == "nt", reason="the out_dir lock is a Unix flock")
 def test_one_train_py_at_a_time_writes_an_out_dir(data, tmp_path):
-    """While a train.py holds out_dir (here the test holds its lock), another one there stops at once in one line,
+    """While a train.py holds out_dir (here another process holds its lock), another one there stops at once in one line,
     the run's files untouched, whether it would resume or start anew; eval_only, which writes nothing, still reads
     the checkpoint. Once the lock is released (however its holder ended), the run continues, and deletes what a
     save cut short by a kill left: no other train.py can be writing it."""
-    import fcntl
     out = tmp_path / "out"
     common = [*TINY, f"--dataset={data}", f"--out_dir={out}", "--eval_interval=2"]
     train(*common, "--max_iters=4", cwd=tmp_path)
     before = (out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()
-    held = os.open(out, os.O_RDONLY)
-    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    try:
+    with folder_locked_by_another_process(out):
         for init_from in ("resume", "scratch"):
             result = train(*common, "--max_iters=6", f"--init_from={init_from}", cwd=tmp_path, ok=False)
             assert result.returncode == 1 and result.stderr.count("\n") == 1
             assert f"another train.py is running in {out}" in result.stderr
         assert ((out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_bytes()) == before
         assert "val loss" in train(*common, "--init_from=resume", "--eval_only=True", cwd=tmp_path).stdout
-    finally:
-        os.close(held)
     (out / ".ckpt.pt.tmp12345").write_bytes(b"a save cut short by kill -9")
     train(*common, "--max_iters=6", "--init_from=resume", cwd=tmp_path)
     assert max(losses(out)) == 5
