@@ -7,7 +7,8 @@ The bytes stream into dest + ".part" with a progress line on stderr. A dropped
 connection is resumed with an HTTP Range request (or restarted, if the server ignores
 Range), asked If-Range the file is still the one the part began (by the ETag or
 Last-Modified it came with, kept in dest + ".part.validator"): a file changed on the
-server in between is fetched whole, never stitched from two versions. Timeouts,
+server in between is fetched whole, never stitched from two versions. A file sent with
+neither (nothing could tell its versions apart) is fetched whole on every attempt. Timeouts,
 dropped connections and 5xx answers are retried with exponential
 backoff; 4xx answers fail at once, and so does a URL that is not http(s). Only when the file has the length the server
 announced is it renamed (durably: common.durable_replace) to dest; a body sent with no length (no
@@ -85,7 +86,7 @@ def _check_sha256(part, sha256):
     """Raise _Retry, deleting part, if its bytes do not hash to sha256: a file of the right length
     with the wrong bytes (a bad proxy, a flipped bit on disk) must not look finished."""
     if sha256_of(part) != sha256:
-        part.unlink()
+        _discard(part)
         raise _Retry(f"the bytes received do not match the sha256 the server published ({sha256[:12]}...)")
 
 
@@ -129,6 +130,12 @@ def _validator_file(part):
     return part.with_name(part.name + ".validator")
 
 
+def _discard(part):
+    """Delete a part and the validator that names its version: neither means anything without the other."""
+    part.unlink(missing_ok=True)
+    _validator_file(part).unlink(missing_ok=True)
+
+
 def _validator(response):
     """What identifies this version of the file for If-Range: a strong ETag, else Last-Modified, else None
     (a weak ETag, W/"...", may not be used for ranges)."""
@@ -144,6 +151,9 @@ def _attempt(url, part, timeout, desc, quiet):
     import urllib3
     have = part.stat().st_size if part.exists() else 0
     validator = _validator_file(part)
+    if have and not validator.exists():  # nothing names the version the part holds: its rest may be another's
+        _discard(part)
+        have = 0
     # identity: a gzip-encoded body would not match Content-Length, nor resume by byte offset
     headers = {"Accept-Encoding": "identity"}
     if have:
@@ -159,7 +169,7 @@ def _attempt(url, part, timeout, desc, quiet):
                 _, total = _content_range(r.headers.get("Content-Range", ""))
                 if total == have:
                     return sha256, True
-                part.unlink()
+                _discard(part)
                 raise _Retry(f"the server rejected resuming at byte {have:,}; starting over")
             if r.status_code == 429 or r.status_code >= 500:
                 raise _Retry(f"HTTP {r.status_code} {r.reason}")
@@ -168,7 +178,7 @@ def _attempt(url, part, timeout, desc, quiet):
             if r.status_code == 206:
                 start, total = _content_range(r.headers.get("Content-Range"))
                 if start != have:
-                    part.unlink()
+                    _discard(part)
                     raise _Retry(f"the server resumed at byte {start} instead of {have:,}; starting over")
                 mode = "ab"
             else:  # 200: the whole file, whether or not we asked for a range (or for the version we had)
@@ -207,7 +217,7 @@ def _attempt(url, part, timeout, desc, quiet):
     if total is not None and size < total:
         raise _Retry(f"the server announced {total:,} bytes but sent {size:,}")
     if total is not None and size > total:
-        part.unlink()
+        _discard(part)
         raise _Retry(f"received {size:,} bytes, more than the {total:,} announced; starting over")
     return sha256, sized
 
@@ -254,8 +264,7 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
             if sha256:
                 _check_sha256(part, sha256)
             elif not sized and expected_size is None:  # a connection dropped partway ends such a body as its last byte does
-                part.unlink()
-                _validator_file(part).unlink(missing_ok=True)
+                _discard(part)
                 raise DownloadError(f"{url} was sent with no length (no Content-Length, not chunked), so a dropped "
                                     f"connection cannot be told from its end: use a server that sends its length, or {mirror}")
             break
@@ -271,7 +280,7 @@ def download(url, dest, *, desc=None, timeout=30.0, retries=4, backoff=1.0, expe
         raise DownloadError(f"download of {url} failed after {attempts}: {problem}; {hint}, or {mirror}")
     size = part.stat().st_size
     if expected_size is not None and size != expected_size:
-        part.unlink()
+        _discard(part)
         raise DownloadError(f"{url} has {size:,} bytes, expected {expected_size:,}: the file on the server differs; {mirror}")
     # the record first: whenever dest exists, a .sha256 next to it is dest's own
     if sha256:

@@ -6,14 +6,16 @@ A file server on 127.0.0.1 for tests of download code, standard library only.
         download(server.url + "/a.bin", dest)
         assert server.count("/a.bin") == 2
 
+Every file goes with an ETag of its content, as most servers send one (headers() can set another).
 It honours Range requests (206 + Content-Range, 416 past the end; with If-Range, only
-if it names the ETag that headers() gives the path now, else the whole file), answers 404 for
+if it names the file's ETag now, else the whole file), answers 404 for
 unknown paths, closes the connection after every response (HTTP/1.0), and records
 every request as (method, path, Range header) in server.requests. Misbehaviour is set
-per path: cut(), lie(), fail(), ignore_range(), corrupt(), unsized(); headers() and redirect()
+per path: cut(), lie(), fail(), ignore_range(), corrupt(), unsized(), unversioned(); headers() and redirect()
 answer like Hugging Face's resolve URLs (a 302 whose X-Linked-ETag is the file's sha256).
 """
 
+import hashlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +33,7 @@ class LocalServer:
         self._ignore_range = set()
         self._corrupt = {}       # path -> GETs left that flip the first byte (None: all)
         self._unsized = set()    # paths sent without a Content-Length
+        self._unversioned = set()  # paths sent without an ETag
         self._headers = {}       # path -> extra response headers
         self._redirect = {}      # path -> where a GET of it is sent (302)
         self._lock = threading.Lock()
@@ -60,6 +63,10 @@ class LocalServer:
     def unsized(self, path):
         """Send path with no Content-Length: its body ends where the server closes the connection (HTTP/1.0)."""
         self._unsized.add(path)
+
+    def unversioned(self, path):
+        """Send path with no ETag (nor Last-Modified, which this server never sends): nothing tells its versions apart."""
+        self._unversioned.add(path)
 
     # --- Hugging Face's answers ---------------------------------------------------------
     def headers(self, path, headers):
@@ -131,6 +138,8 @@ def _handler(server):
             if data is None:
                 return self._empty(404)
             size = server._lie.get(path, len(data))
+            if path not in server._unversioned:
+                extra = {"ETag": f'"{hashlib.sha1(data).hexdigest()[:16]}"', **extra}
             same_version = self.headers.get("If-Range") in (None, extra.get("ETag"))
             ranged = bool(asked) and path not in server._ignore_range and same_version
             start, end = 0, size - 1

@@ -117,6 +117,24 @@ def test_a_file_changed_on_the_server_between_attempts_is_fetched_whole(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blob"]
 
 
+def test_a_file_with_no_etag_or_last_modified_is_fetched_whole_again(tmp_path):
+    """Nothing names the version a part holds when the server sent neither an ETag nor Last-Modified, so a
+    Range request could get another version's rest, with no If-Range to stop it: the retry starts over."""
+    old, new = BLOB, bytes(reversed(BLOB))
+    with LocalServer({"/blob": old}) as server:
+        server.unversioned("/blob")
+        server.cut("/blob", after=150_000)
+        with pytest.raises(DownloadError, match="run again to resume"):
+            download(server.url + "/blob", tmp_path / "blob", retries=0, quiet=True)
+        assert 0 < (tmp_path / "blob.part").stat().st_size < len(old)
+        assert not (tmp_path / "blob.part.validator").exists()
+        server.files["/blob"] = new
+        download(server.url + "/blob", tmp_path / "blob", quiet=True)
+        assert server.requests[-1] == ("GET", "/blob", None)  # no Range: the whole file
+    assert (tmp_path / "blob").read_bytes() == new
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blob"]
+
+
 def test_download_404_fails_at_once_naming_the_url(tmp_path):
     with LocalServer({}) as server:
         with pytest.raises(DownloadError) as e:
@@ -221,11 +239,14 @@ def test_a_complete_part_is_finished_without_fetching_it_again(tmp_path):
     its resume 416 with the full length, and the part is renamed as it is. A .part longer than the file
     is not the file: it is dropped and the file fetched whole."""
     with LocalServer({"/blob": BLOB}) as server:
+        server.headers("/blob", {"ETag": '"v1"'})
+        (tmp_path / "blob.part.validator").write_text('"v1"')
         (tmp_path / "blob.part").write_bytes(BLOB)
         dest = download(server.url + "/blob", tmp_path / "blob", backoff=0, quiet=True)
         assert server.requests == [("GET", "/blob", f"bytes={len(BLOB)}-")]
         assert dest.read_bytes() == BLOB and [p.name for p in tmp_path.iterdir()] == ["blob"]
         dest.unlink()
+        (tmp_path / "blob.part.validator").write_text('"v1"')
         (tmp_path / "blob.part").write_bytes(BLOB + b"from an older, longer file")
         download(server.url + "/blob", dest, backoff=0, quiet=True)
         assert server.requests[1:] == [("GET", "/blob", f"bytes={len(BLOB) + 26}-"), ("GET", "/blob", None)]
@@ -249,6 +270,7 @@ def test_the_validator_names_the_version_the_part_holds(tmp_path):
             download(server.url + "/blob", tmp_path / "blob", retries=0, quiet=True)
         assert validator.read_text() == '"v2"'
         server.headers("/blob", {})  # the file changed again, served without ETag or Last-Modified now
+        server.unversioned("/blob")
         server.files["/blob"] = bytes(reversed(BLOB))
         server.cut("/blob", after=150_000)
         with pytest.raises(DownloadError):

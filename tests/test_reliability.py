@@ -206,6 +206,7 @@ def syncs(monkeypatch):
 
 def write_download(path):
     with LocalServer({"/blob": b"downloaded"}) as server:
+        server.unversioned("/blob")  # no ETag, so no .part.validator written beside: only the file's own writes
         download(server.url + "/blob", path, quiet=True)
 
 
