@@ -422,8 +422,7 @@ def _setup_context(ctx, inputs, output):
 def _route_op_backward(ctx, grad_mixes, grad_lse):
     queries, lse, *rest = ctx.saved_tensors
     mixes, sources = rest[:ctx.routes], rest[ctx.routes:]
-    # a mix left unused (not in rd, which uses both) gets a zero gradient: one more tensor for the kernel to read
-    grad_mixes = [torch.zeros_like(mix) if g is None else g for g, mix in zip(grad_mixes, mixes)]
+    # (a mix the loss does not use arrives as zeros, not None: autograd materialises the gradients of unused outputs)
     return _route_backward_op(grad_mixes, mixes, lse, queries, sources)
 
 

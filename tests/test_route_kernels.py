@@ -123,6 +123,20 @@ def test_paired_routes_equal_two_reference_routes(m, B, T, d, dtype):
         assert torch.equal(fused[1], kernels.fused_route(query2, sources))
 
 
+def test_a_pair_whose_second_mix_is_unused_has_the_gradients_of_its_first_route():
+    """fused_route(w, s, w2) with only the first mix in the loss: autograd hands the op a zero gradient for
+    the other (it materialises the gradients of unused outputs), so every gradient is the single route's
+    and w2's is zero."""
+    query, sources, grad = make_route(*CASES[3])
+    query2 = make_route(*CASES[3], seed=1)[0]
+    paired = paired_and_grads(lambda w, w2, s: (kernels.fused_route(w, s, w2)[0],), (query, query2), sources, (grad,))
+    single = route_and_grads(kernels.fused_route, query, sources, grad)
+    assert torch.equal(paired[2], torch.zeros_like(query2))
+    for name, p, s, tol in zip(["mix", "dL/dw"] + [f"dL/ds_{i}" for i in range(len(sources))],
+                               [paired[0], paired[1], *paired[3:]], single, [1e-5] * (len(sources) + 2)):
+        assert_close(p, s, tol, f"unused second mix, {name}")
+
+
 def test_single_source_is_the_source():
     """One source: the route returns it and passes the gradient through (a = exp(logit - lse) = 1 up to
     one float32 rounding of the exp: the interpreter's is exact, a GPU's fast exp is within 2 ulp), and
