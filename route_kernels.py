@@ -86,6 +86,7 @@ PAIRED_TILE = None
 # another tile beats the default by this much or more: a smaller gain could be the timer's noise
 FASTER_BY = 0.03
 MAX_BLOCK_T = 16  # at small d, still several programs (and at test sizes, several tiles)
+MAX_TOKENS = 2 ** 30  # token indices are int32, and a pair's second lse row starts n_tokens past its first
 
 
 MIN_CAPABILITY = (7, 0)  # Triton compiles for Volta and newer; a P100 (6.0), say, takes the plain route
@@ -367,6 +368,9 @@ def _check_sources(sources):
     s0 = sources[0]
     if s0.dim() == 0 or s0.size(-1) == 0:
         raise ValueError(f"nanoattnres::route takes sources [..., d] with d >= 1 features: got {tuple(s0.shape)}")
+    if s0.numel() // s0.size(-1) > MAX_TOKENS:
+        raise ValueError(f"nanoattnres::route takes at most 2^30 tokens a call (its token indices are int32): got "
+                         f"{s0.numel() // s0.size(-1):,}; route fewer tokens at a time")
     for s in sources:
         if s.shape != s0.shape or s.dtype != s0.dtype or s.device != s0.device:
             raise ValueError(f"nanoattnres::route takes one or more sources of one shape and dtype, on one device: "

@@ -343,6 +343,15 @@ def test_rejects_mismatched_sources():
             kernels.fused_route(query, bad)
 
 
+def test_more_tokens_than_int32_indices_reach_is_refused():
+    """Past 2^30 tokens a pair's second lse row (n_tokens + token, in int32) would wrap: one line, not a wrong
+    write. Meta tensors have the shape and no memory."""
+    sources = [torch.empty(2, 2 ** 29 + 1, 4, device="meta")]
+    with pytest.raises(ValueError, match=r"^nanoattnres::route takes at most 2\^30 tokens a call .* got 1,073,741,826;"):
+        kernels.fused_route(torch.zeros(4, device="meta"), sources)
+    kernels._check_sources([torch.empty(2, 2 ** 29, 4, device="meta")])  # exactly 2^30: taken
+
+
 def test_fused_route_refuses_what_its_kernels_do_not_take():
     """Sources on two devices, sources of a dtype the kernels are not tested with, and queries of another
     shape, device or of two dtypes are refused with fused_route's message; the op refuses queries that are
