@@ -131,6 +131,11 @@ def test_dense_export_is_a_standard_gpt(tmp_path, capsys, dlr):
     # B A is multiplied in float64 but stored as the model's float32: not a file of twice the size
     assert {k: v.dtype for k, v in dense_ckpt["model"].items()} == {k: torch.float32 for k in plain.state_dict()}
     original, _ = load_model(ckpt)
+    # each weight is B A (B with DLR folded in) exact to float64, then rounded once to float32
+    for name, linear in original.named_modules():
+        if isinstance(linear, LowRankLinear):
+            product = (linear.up_weight().double() @ linear.A.weight.double()).float()
+            assert torch.equal(dense_ckpt["model"][f"{name}.weight"], product), name
     with torch.no_grad():
         diff = (all_logits(original.double().eval(), tokens()) - all_logits(dense.double().eval(), tokens())).abs().max().item()
     assert diff < 1e-5  # float32 storage of B A: see the module docstring
