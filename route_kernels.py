@@ -46,7 +46,7 @@ import os
 import re
 import time
 import types
-from collections.abc import Sequence
+from typing import List, Sequence  # typing's, not collections.abc's or list[]: torch 2.4's custom_op infers schemas from these only
 
 import torch
 
@@ -387,7 +387,7 @@ def _check_op_inputs(queries, sources):
 
 
 @torch.library.custom_op("nanoattnres::route", mutates_args=())
-def _route_op(queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _route_op(queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[List[torch.Tensor], torch.Tensor]:
     """([mix per query], lse [queries, ...]): the routes of queries [1 or 2, d] over the same sources, and
     their per-token log-sum-exps, kept for the backward."""
     if not HAVE_TRITON:
@@ -405,7 +405,7 @@ def _(queries, sources):
 
 @torch.library.custom_op("nanoattnres::route_backward", mutates_args=())
 def _route_backward_op(grads: Sequence[torch.Tensor], mixes: Sequence[torch.Tensor], lse: torch.Tensor,
-                       queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                       queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[torch.Tensor, List[torch.Tensor]]:
     """(dL/dw per query, [dL/ds_i]) from each route's g = dL/dmix, the forward's outputs and its inputs."""
     return _backward(grads, mixes, lse, queries, sources)
 
