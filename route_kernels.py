@@ -391,7 +391,7 @@ def _route_op(queries: torch.Tensor, sources: Sequence[torch.Tensor]) -> tuple[L
     """([mix per query], lse [queries, ...]): the routes of queries [1 or 2, d] over the same sources, and
     their per-token log-sum-exps, kept for the backward."""
     if not HAVE_TRITON:
-        raise RuntimeError("nanoattnres::route needs triton (pip install triton)")
+        raise RuntimeError(f"nanoattnres::route cannot run: {why_unavailable(queries.device)}")  # no Triton, or too old
     _check_op_inputs(queries, sources)
     return _forward(queries, sources)
 

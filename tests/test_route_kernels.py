@@ -552,6 +552,16 @@ def test_fused_route_where_it_cannot_run_is_a_clear_error(monkeypatch):
             model(tokens()[0])
 
 
+def test_the_op_without_a_triton_it_can_use_says_why(monkeypatch):
+    """A Triton older than 3.3 (the CUDA builds of torch 2.4-2.6 bring 3.0-3.2) imports, but its kernels cannot run:
+    called anyway, the op says which Triton it found and what to do."""
+    monkeypatch.setattr(kernels, "HAVE_TRITON", False)
+    query, sources, _ = make_route(*CASES[1])
+    with pytest.raises(RuntimeError, match=rf"^nanoattnres::route cannot run: Triton {kernels.triton.__version__} is "
+                                           r"older than 3\.3, which the kernels need \(pip install -U triton\)$"):
+        kernels.fused_route(query, sources)
+
+
 def test_the_op_refuses_what_its_kernels_cannot_compute():
     """The registered op checks its own inputs, as fused_route does: a third query would get no mix (the
     kernels write two) and a narrower query would be read past its end; sources must match."""
