@@ -2,8 +2,8 @@
 # The GPU check: what this project promises on one CUDA GPU, in one command, into one log and one JSON
 # summary. The parts that only check that something works (tests, training, sampling, compiling the route's
 # kernels) run side by side first; the parts that time (route, bench, compiled) then run one at a time,
-# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04), with the GPU tests now 1.9 times
-# as many (108, from 58) and rd's paired kernels compiled in the bench: about 6 minutes on a fresh machine,
+# alone on the GPU. Estimated from the parts' times on an H200 (2026-12-04), with the GPU tests now about twice
+# as many (over 100, from 58) and rd's paired kernels compiled in the bench: about 6 minutes on a fresh machine,
 # where one after another the parts would take about 9; the first run will say (each part's seconds are in
 # the log and the summary).
 #
