@@ -150,9 +150,9 @@ def test_process_group_waits_for_downloads_and_binds_nccl_to_its_gpu():
 
 def test_allow_tf32_uses_the_fp32_precision_api():
     """torch >= 2.9: TF32 is set through fp32_precision, not the deprecated allow_tf32 flags."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if not hasattr(matmul, "fp32_precision"):
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         pytest.skip(f"torch {torch.__version__} has no fp32_precision settings")
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
     before = matmul.fp32_precision, conv.fp32_precision
     try:
         matmul.fp32_precision = conv.fp32_precision = "ieee"

@@ -424,8 +424,10 @@ def test_compiled_decoding_gives_the_same_greedy_text(tmp_path, capsys):
     torch._dynamo.reset()
     ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd", res_blocks=2)
     eager = run(sample, ["--ckpt", ckpt, "--max_new_tokens=20", "--num_samples=1"] + GREEDY, capsys)
-    compiled = run(sample, ["--ckpt", ckpt, "--max_new_tokens=20", "--num_samples=1", "--compile"] + GREEDY, capsys)
-    assert compiled == eager and eager[0] == 0
+    code, text, err = run(sample, ["--ckpt", ckpt, "--max_new_tokens=20", "--num_samples=1", "--compile"] + GREEDY, capsys)
+    # (a CUDA build of torch on a machine without a GPU says so on stderr as Inductor starts: torch's notice, not ours)
+    err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("No CUDA runtime is found"))
+    assert (code, text, err) == eager and eager[0] == 0
 
 
 # -----------------------------------------------------------------------------

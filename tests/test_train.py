@@ -980,6 +980,10 @@ def test_a_log_that_cannot_be_written_stops_every_rank_in_one_line_that_says_how
             resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
         return small_files
 
+    probe = subprocess.run([sys.executable, "-c", "import torch; torch.optim.AdamW([torch.zeros(1, requires_grad=True)])"],
+                           capture_output=True, text=True, preexec_fn=limit(200))
+    if probe.returncode != 0:  # torch 2.7 writes a generated module to a temporary file as AdamW imports dynamo
+        pytest.skip(f"torch {torch.__version__} itself cannot start under a 200-byte file-size limit")
     out = tmp_path / "out"
     common = [*TINY, f"--dataset={data}", f"--out_dir={out}", "--eval_interval=2", "--gradient_accumulation_steps=2"]
     run = lambda *args, command=(sys.executable, str(TRAIN)), size: subprocess.run(
