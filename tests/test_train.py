@@ -641,19 +641,25 @@ def test_torchrun_two_ranks_match_one_process(data, tmp_path):
             assert e["mfu"] * peak * seconds == pytest.approx(flops_per_token * tokens_per_iter, rel=1e-9), d
 
 
+def torchrun_straight_and_resumed(data, tmp_path, ranks):
+    """The training losses of an rd run with dropout on `ranks` torchrun ranks: 6 iterations straight, and 3 +
+    resume + 3 (each rank accumulates one micro-batch a step)."""
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", str(TRAIN))
+    common = [*TINY, f"--dataset={data}", "--dropout=0.1", "--residual=rd", "--eval_interval=3",
+              f"--gradient_accumulation_steps={ranks}"]
+    train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=6", command=torchrun, cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=3", command=torchrun, cwd=tmp_path)
+    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=6", "--init_from=resume", command=torchrun,
+          cwd=tmp_path)
+    return losses(tmp_path / "straight"), losses(tmp_path / "halves")
+
+
 def test_torchrun_resume_is_exact_with_each_ranks_dropout_stream(data, tmp_path):
     """Two ranks, dropout on: 6 iterations straight == 3 + resume + 3, bit for bit. Each rank's RNG state is
     saved and given back to that rank (rank 1 resumed with rank 0's dropout stream measured 5e-4 off).
     (With 2 ranks the all-reduce's a + b is exact in either order; docs/usage.md, "Resume", says why 3 or more
     ranks give equal-to-rounding losses.)"""
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN))
-    common = [*TINY, f"--dataset={data}", "--dropout=0.1", "--residual=rd", "--eval_interval=3",
-              "--gradient_accumulation_steps=2"]
-    train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=6", command=torchrun, cwd=tmp_path)
-    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=3", command=torchrun, cwd=tmp_path)
-    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=6", "--init_from=resume", command=torchrun,
-          cwd=tmp_path)
-    straight, halves = losses(tmp_path / "straight"), losses(tmp_path / "halves")
+    straight, halves = torchrun_straight_and_resumed(data, tmp_path, ranks=2)
     assert list(halves) == list(range(6)) and halves == straight
     rngs = load_checkpoint(tmp_path / "straight" / "ckpt.pt")["rng"]  # seed + 1 + rank: a dropout stream per rank
     assert len(rngs) == 2 and not torch.equal(rngs[0]["torch"], rngs[1]["torch"])
@@ -665,14 +671,7 @@ def test_torchrun_resume_on_three_ranks_agrees_to_rounding(data, tmp_path):
     a resume may sum the ranks' gradients in another order (at this size they came out equal to the bit too).
     1e-5 of the loss is about 100 float32 roundings of it; ranks 1 and 2 resumed with rank 0's dropout stream
     already differ at the resume's first iteration."""
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", str(TRAIN))
-    common = [*TINY, f"--dataset={data}", "--dropout=0.1", "--residual=rd", "--eval_interval=3",
-              "--gradient_accumulation_steps=3"]
-    train(*common, f"--out_dir={tmp_path / 'straight'}", "--max_iters=6", command=torchrun, cwd=tmp_path)
-    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=3", command=torchrun, cwd=tmp_path)
-    train(*common, f"--out_dir={tmp_path / 'halves'}", "--max_iters=6", "--init_from=resume", command=torchrun,
-          cwd=tmp_path)
-    straight, halves = losses(tmp_path / "straight"), losses(tmp_path / "halves")
+    straight, halves = torchrun_straight_and_resumed(data, tmp_path, ranks=3)
     assert list(halves) == list(range(6)) and [halves[i] for i in range(4)] == [straight[i] for i in range(4)]
     assert all(abs(halves[i] - straight[i]) <= 1e-5 * straight[i] for i in range(4, 6)), (halves, straight)
 
