@@ -813,6 +813,11 @@ if __name__ == "__main__":
         parser.error("--warm times nothing, so it writes no --json: drop one of them")
     if args.only_tiles and not (args.warm and tiles):
         parser.error("--only_tiles warms --tiles without the default tile: pass it with --warm and --tiles")
+    if not HAVE_TRITON:  # every part below calls Triton
+        parser.exit(1, f"route_kernels.py: {why_unavailable('cuda')}\n")
+    if args.compile_for is None and not torch.cuda.is_available():
+        parser.exit(1, f"route_kernels.py: {'--warm compiles' if args.warm else 'timing runs'} on a CUDA GPU and "
+                    "torch sees none: on this machine, --compile_for=ARCH compiles the kernels without one\n")
     if args.compile_for is not None:
         from common import git_commit
         try:

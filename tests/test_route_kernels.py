@@ -811,6 +811,33 @@ def test_warm_options_are_checked(options, message, tmp_path):
     assert run.returncode == 2 and message in run.stderr.splitlines()[-1]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("options,message", [([], "timing runs on a CUDA GPU"), (["--warm"], "--warm compiles on a CUDA GPU")])
+def test_timing_or_warming_without_a_gpu_is_one_line(options, message, tmp_path):
+    """Timing and --warm launch kernels on a GPU: without one, a one-line error that points to --compile_for."""
+    run = subprocess.run([sys.executable, str(ROOT / "route_kernels.py"), *options], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert message in run.stderr and "--compile_for=ARCH compiles the kernels without one" in run.stderr
+
+
+@pytest.mark.parametrize("installed", [None, "3.2.0"])
+def test_compile_for_without_a_usable_triton_is_one_line(installed, tmp_path):
+    """--compile_for with no Triton, or one older than 3.3 (a stand-in package of that version): one line that
+    says which, not a traceback."""
+    if installed:
+        (tmp_path / "triton").mkdir()
+        (tmp_path / "triton" / "__init__.py").write_text(f"__version__ = {installed!r}\ndef jit(fn):\n    return fn\n")
+        (tmp_path / "triton" / "language.py").write_text("constexpr = None\n")
+    hide = "" if installed else "sys.modules['triton'] = None; "
+    script = (f"import runpy, sys; sys.path.insert(0, {str(tmp_path)!r}); {hide}"
+              f"sys.argv = ['route_kernels.py', '--compile_for=90']; "
+              f"runpy.run_path({str(ROOT / 'route_kernels.py')!r}, run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert (f"Triton {installed} is older than 3.3" if installed else "Triton is not installed") in run.stderr
+
+
 def test_tiles_option_is_checked():
     """--tiles takes ELEMENTS:WARPS[:prefetch] items, elements a power of two; anything else is a one-line error."""
     assert kernels.parse_tiles("4096:4,8192:8,1024:1:prefetch") == [(4096, 4, False), (8192, 8, False), (1024, 1, True)]
