@@ -12,11 +12,13 @@ API:
     write_shard(path, tokens)          atomic, durable write of one shard
     read_shard(path) -> np.ndarray     uint16 tokens (memory-mapped), after validation
     find_shards(data_dir, split)       sorted shard paths of "train" or "val"
+    fingerprint(shards) -> str         what a resumed run checks its data against
     write_meta(data_dir, meta) / load_meta(data_dir)   load_meta checks the keys the readers use
     get_tokenizer(name)                "bytes" or "gpt2": .encode .decode .vocab_size .eot
     ShardError                         a bad or missing file; the message says how to fix it
 """
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +140,25 @@ def find_shards(data_dir, split):
     if not paths:
         raise ShardError(f"no {split} shards (*_{split}_*.bin) in {data_dir}: {_how_to_prepare(data_dir)}")
     return paths
+
+
+FINGERPRINT_TOKENS = 4096  # read at each end of a shard: a few kB however large the data
+
+
+def fingerprint(shards):
+    """sha256 of each shard's length and its first and last FINGERPRINT_TOKENS tokens, in order.
+
+    A resumed run checks its data against the fingerprint it was trained on: token counts alone take
+    another set of equal-sized shards (a different download, other documents prepared to the same size),
+    and its batches would silently differ. A token changed deep inside a shard is not seen: that is damage to
+    the same data rather than other data, and finding it would mean reading every token, seconds at every
+    start for a large dataset."""
+    digest = hashlib.sha256()
+    for tokens in shards:
+        digest.update(len(tokens).to_bytes(8, "little"))
+        digest.update(np.ascontiguousarray(tokens[:FINGERPRINT_TOKENS]).tobytes())
+        digest.update(np.ascontiguousarray(tokens[-FINGERPRINT_TOKENS:]).tobytes())
+    return digest.hexdigest()
 
 
 def write_meta(data_dir, meta):

@@ -35,7 +35,7 @@ from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_e
 from download import DownloadError
 from model import GPT, GPTConfig
 from prepare import DATA_ROOT, DATASETS, prepare
-from shards import ShardError, find_shards, load_meta, read_shard
+from shards import ShardError, find_shards, fingerprint, load_meta, read_shard
 
 # -----------------------------------------------------------------------------
 # default config values: the default run, a small delta model on pydocs (offline) in a few minutes on a CPU
@@ -233,6 +233,7 @@ try:
     data = {split: [read_shard(p) for p in find_shards(data_dir, split)] for split in ("train", "val")}
 except ShardError as e:
     die(e)
+data_fingerprint = {}
 for split, shards in data.items():
     counted = sum(len(s) for s in shards)
     if counted != meta[f"{split}_tokens"]:  # what prepare.py wrote it for: a shard added, removed or cut since
@@ -241,6 +242,10 @@ for split, shards in data.items():
     if ckpt is not None and ckpt.get("dataset_meta", {}).get(f"{split}_tokens", counted) != counted:
         die(f"{data_dir} holds {counted:,} {split} tokens, {ckpt['dataset_meta'][f'{split}_tokens']:,} when the run in "
             f"{out_dir} was trained: its batches would differ; {new_run_from_it}")
+    data_fingerprint[split] = fingerprint(shards)
+    if ckpt is not None and ckpt.get("data_fingerprint", data_fingerprint)[split] != data_fingerprint[split]:
+        die(f"the {split} shards of {data_dir} hold as many tokens as when the run in {out_dir} was trained, but not "
+            f"the same ones (its shards were replaced since): its batches would differ; {new_run_from_it}")
     # a window is block_size + 1 tokens (inputs, and targets shifted by one); shorter shards hold none
     data[split] = [s for s in shards if len(s) > block_size]
     if not data[split]:
@@ -635,6 +640,7 @@ def save_run(log_bytes):
             "best_val_loss": best_val_loss,
             "config": config,
             "dataset_meta": meta,
+            "data_fingerprint": data_fingerprint,  # what a resume checks the data against, beyond its token counts
             "rng": rngs,  # per rank: torch (dropout), python, cuda
             "data_rng": data_rng.bit_generator.state,  # the data position: the next windows to draw
             "log_bytes": log_bytes,

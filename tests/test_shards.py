@@ -12,7 +12,7 @@ sys.path.insert(0, str(REPO))  # the scripts and helpers live at the repo root
 
 import common
 import shards
-from shards import ShardError, find_shards, get_tokenizer, load_meta, read_shard, write_meta, write_shard
+from shards import ShardError, find_shards, fingerprint, get_tokenizer, load_meta, read_shard, write_meta, write_shard
 
 
 
@@ -166,6 +166,26 @@ def test_hints_name_a_command_that_exists(tmp_path, monkeypatch):
     write_meta(named, {"command": "python prepare.py shakespeare"})  # still where it was made (tmp_path as data/)
     with pytest.raises(ShardError, match=re.escape("run `python prepare.py shakespeare` again")):
         read_shard(named / "shakespeare_val_000000.bin")
+
+
+def test_fingerprint_reads_each_shards_length_and_ends(tmp_path):
+    """fingerprint is the same for the same tokens read back from disk, and differs when a shard's first or
+    last FINGERPRINT_TOKENS change, when a shard grows or when two swap places; a token changed between its
+    ends is what it does not read (the cost of not reading every token, as its docstring says)."""
+    n, ends = 3 * shards.FINGERPRINT_TOKENS, shards.FINGERPRINT_TOKENS
+    a, b = (np.arange(n) % 50_000).astype(np.uint16), (np.arange(n) % 7).astype(np.uint16)
+    write_shard(tmp_path / "a.bin", a)
+    reference = fingerprint([a, b])
+    assert fingerprint([read_shard(tmp_path / "a.bin"), b]) == reference
+
+    def changed(k):
+        c = a.copy()
+        c[k] += 1
+        return fingerprint([c, b])
+    assert changed(0) != reference and changed(ends - 1) != reference and changed(n - ends) != reference
+    assert changed(n - 1) != reference and changed(ends) == reference == changed(n - ends - 1)
+    assert fingerprint([np.append(a, 0).astype(np.uint16), b]) != reference
+    assert fingerprint([b, a]) != reference
 
 
 def test_meta_round_trip_and_missing_meta(tmp_path):

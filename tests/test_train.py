@@ -398,7 +398,8 @@ def test_resume_reads_a_checkpoint_from_before_a_model_setting(data, tmp_path):
 
 def test_data_changed_under_a_run_is_refused(tmp_path):
     """Shards that meta.json does not count (an interrupted prepare left one), or data that changed since the
-    run's checkpoint (its batches would differ on resume): one line each, nothing trained."""
+    run's checkpoint, in its token counts or, at the same counts, in its tokens (its batches would differ on
+    resume): one line each, nothing trained."""
     data = make_dataset(tmp_path / "syn")
     common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--eval_interval=2"]
     train(*common, "--max_iters=2", cwd=tmp_path)
@@ -410,6 +411,17 @@ def test_data_changed_under_a_run_is_refused(tmp_path):
     result = train(*common, "--max_iters=4", "--init_from=resume", cwd=tmp_path, ok=False)
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"{data} holds 20,100 train tokens, 20,000 when the run in {tmp_path / 'out'} was trained" in result.stderr
+    # other data of the same size (the same counts): refused by its fingerprint; the data trained on resumes
+    (data / "syn_train_000001.bin").unlink()
+    original = (data / "syn_train_000000.bin").read_bytes()
+    write_shard(data / "syn_train_000000.bin", np.arange(20_000) * 5 % VOCAB)
+    write_meta(data, dict(tokenizer="bytes", vocab_size=VOCAB, train_tokens=20_000, val_tokens=4_000))
+    result = train(*common, "--max_iters=4", "--init_from=resume", cwd=tmp_path, ok=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert (f"the train shards of {data} hold as many tokens as when the run in {tmp_path / 'out'} was trained, but "
+            "not the same ones") in result.stderr
+    (data / "syn_train_000000.bin").write_bytes(original)
+    train(*common, "--max_iters=4", "--init_from=resume", cwd=tmp_path)
 
 
 @pytest.mark.skipif(os.name == "nt", reason="the out_dir lock is a Unix flock")
