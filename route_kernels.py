@@ -784,6 +784,8 @@ def compile_report(arch, m=25, d=768, tiles=(), sass_dir=None):
 if __name__ == "__main__":
     import argparse
     import json
+
+    from common import cannot_write, git_commit, write_atomic
     parser = argparse.ArgumentParser(description="Time one fused route against its byte floor and the eager route "
                                      "(CUDA); or, with --compile_for, compile the kernels for a GPU on any machine.")
     parser.add_argument("--m", type=int, default=25, help="sources (25: the output route of a 12-layer per-sublayer model)")
@@ -813,13 +815,21 @@ if __name__ == "__main__":
         parser.error("--warm times nothing, so it writes no --json: drop one of them")
     if args.only_tiles and not (args.warm and tiles):
         parser.error("--only_tiles warms --tiles without the default tile: pass it with --warm and --tiles")
+    if args.compile_for is not None and args.compile_for < 70:  # (LLVM aborts on a number it does not know)
+        parser.error(f"--compile_for={args.compile_for}: give a CUDA compute capability times ten, 70 or more "
+                     "(80: A100; 90: H100, H200)")
+    if args.sass and os.path.exists(args.sass) and not os.path.isdir(args.sass):
+        parser.error(f"--sass={args.sass} is a file: give a folder for the machine code")
+    if args.json:  # found unwritable only after the work, the timings would be lost
+        problem = cannot_write(args.json)
+        if problem:
+            parser.error(f"cannot write --json {args.json}: {problem}")
     if not HAVE_TRITON:  # every part below calls Triton
         parser.exit(1, f"route_kernels.py: {why_unavailable('cuda')}\n")
     if args.compile_for is None and not torch.cuda.is_available():
         parser.exit(1, f"route_kernels.py: {'--warm compiles' if args.warm else 'timing runs'} on a CUDA GPU and "
                     "torch sees none: on this machine, --compile_for=ARCH compiles the kernels without one\n")
     if args.compile_for is not None:
-        from common import git_commit
         try:
             results = compile_report(args.compile_for, m=args.m, d=args.d, tiles=tiles, sass_dir=args.sass)
         except RuntimeError as e:
@@ -832,5 +842,4 @@ if __name__ == "__main__":
     else:
         results = benchmark_route(m=args.m, d=args.d, tiles=tiles)
     if args.json and results is not None:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_atomic(args.json, lambda f: f.write(json.dumps(results, indent=1).encode()))

@@ -801,11 +801,17 @@ def test_fastest_tile_replaces_the_default_only_by_a_margin():
 
 
 @pytest.mark.parametrize("options,message", [
+    (["--compile_for=9"], "--compile_for=9: give a CUDA compute capability times ten, 70 or more"),
+    (["--compile_for=90", "--sass=a_file"], "--sass=a_file is a file: give a folder"),
+    (["--compile_for=90", "--json=a_file/x.json"], "cannot write --json a_file/x.json: a_file is a file, not a folder"),
+    (["--json=a_file/x.json"], "cannot write --json a_file/x.json: a_file is a file, not a folder"),
     (["--warm", "--json=x.json"], "--warm times nothing, so it writes no --json"),
     (["--warm", "--only_tiles"], "--only_tiles warms --tiles without the default tile"),
     (["--only_tiles", "--tiles=1024:1"], "--only_tiles warms --tiles without the default tile")])
-def test_warm_options_are_checked(options, message, tmp_path):
-    """--warm's options that cannot go together: a one-line error naming them, before anything runs."""
+def test_options_are_checked_before_anything_runs(options, message, tmp_path):
+    """Options that cannot work (a compute capability LLVM would abort on, an output that cannot be written, --warm's
+    options that cannot go together): a one-line error naming them, before anything compiles or runs."""
+    (tmp_path / "a_file").write_text("")
     run = subprocess.run([sys.executable, str(ROOT / "route_kernels.py"), *options], capture_output=True, text=True,
                          cwd=tmp_path)
     assert run.returncode == 2 and message in run.stderr.splitlines()[-1]
