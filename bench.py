@@ -120,6 +120,10 @@ def parse_args():
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         p.error(str(e))
+    if args.fused_route is True:  # (not "auto", which takes the plain route where the fused one cannot run)
+        import route_kernels
+        if not route_kernels.available(args.device):
+            p.error(f"--fused_route=True on {args.device}: {route_kernels.why_unavailable(args.device)}")
     for option in ("route_tile", "paired_route_tile"):
         if getattr(args, option) is not None:
             import route_kernels

@@ -5,6 +5,7 @@ ratios that are what they claim to be, and memory counts that see what routing k
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,16 @@ def test_an_unknown_row_is_a_one_line_error():
     result = run_bench("--rows=attnres/res_blocks=3")
     assert result.returncode != 0
     assert "unknown row(s) ['attnres/res_blocks=3']" in result.stderr
+
+
+def test_a_fused_route_that_cannot_run_is_a_one_line_error():
+    """--fused_route=True where the fused route cannot run (a CPU without Triton's interpreter): refused with the
+    reason before any row is built, not a traceback from the first forward."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "bench.py", *TINY, "--fused_route=True"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1].startswith("bench.py: error: --fused_route=True on cpu: Triton runs on CUDA GPUs")
 
 
 def test_compile_sublayers_asks_for_compile():
