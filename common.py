@@ -2,6 +2,7 @@
 What the scripts share, so that each is written once:
 
     die(message)                       the one-line error every failure a user can fix ends in
+    ReaderMayLeave                     stdout for a long run that `| head` must not end mid-step
     boolean(text)                      yes/no options of the argparse tools, read as train.py reads them
     write_atomic(path, write)          the atomic, durable file writer (checkpoints, shards, meta.json)
     durable_replace(src, dst)          its rename, fsynced (finished downloads use it)
@@ -47,6 +48,39 @@ def die(message, code=1):
     sys.stderr.write(f"{prefix}error: {message}\n")  # one write: ranks stopping at once do not interleave their lines
     sys.stderr.flush()
     sys.exit(code)
+
+
+class ReaderMayLeave:
+    """sys.stdout for a long run whose reader may stop reading (`python train.py | head`). Writing to a pipe
+    no one reads raises BrokenPipeError at whatever print comes next, which would end the run there and lose
+    what it did since its last checkpoint. Instead the rest of the output goes to /dev/null, one line on
+    stderr says so, and .reader_left tells the run, which stops where it can keep its work (train.py: at its
+    next log line, with a checkpoint, as on SIGTERM)."""
+
+    def __init__(self, stream, then):
+        self.stream, self.then, self.reader_left = stream, then, False
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._reader_went_away()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._reader_went_away()
+
+    def _reader_went_away(self):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # the rest, and the flush at exit, go there
+        if not self.reader_left:
+            self.reader_left = True
+            sys.stderr.write(f"stdout was closed (its reader stopped): {self.then}\n")
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
+        return getattr(self.stream, name)
 
 
 def first_line(e):

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import (MAX_SEED, NonFiniteLosses, allow_tf32, autocast, bind_device, cannot_write, die, first_line, hms,
+from common import (MAX_SEED, NonFiniteLosses, ReaderMayLeave, allow_tf32, autocast, bind_device, cannot_write, die, first_line, hms,
                     lock_folder, once_per_node, peak_flops, process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
 from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
                         load_gpt2, load_state_into, save_checkpoint)
@@ -99,6 +99,8 @@ config_keys = [k for k, v in globals().items()  # (not a CONSTANT imported above
                if not k.startswith("_") and not k.isupper() and isinstance(v, (bool, int, float, str))]
 config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
 # -----------------------------------------------------------------------------
+if os.name != "nt":  # (`python train.py | head`: the run stops at a log line with its work saved, see agree_on_stop)
+    sys.stdout = ReaderMayLeave(sys.stdout, "the run stops at its next log line, with a checkpoint")
 
 # init_from=resume continues a run as it was: its settings come from its checkpoint, so `--init_from=resume
 # --out_dir=DIR` alone resumes it, whatever config file it started from. Set again, a setting takes effect
@@ -680,10 +682,12 @@ def request_stop(signum, frame):
 
 
 def agree_on_stop():
-    """Whether to stop at this log line: a signal came. Under torchrun the ranks agree (one small all-reduce),
-    so that a rank that missed the signal, or got it later, stops with the others; a failed log write on
-    rank 0 (log_event) stops every rank here, with its line."""
+    """Whether to stop at this log line: a signal came, or stdout's reader left. Under torchrun the ranks agree
+    (one small all-reduce), so that a rank that missed the signal, or got it later, stops with the others; a
+    failed log write on rank 0 (log_event) stops every rank here, with its line."""
     global stop_signal, stop_time
+    if getattr(sys.stdout, "reader_left", False) and stop_signal is None:  # as a tool stopped by a closed pipe
+        stop_signal, stop_time = signal.SIGPIPE, time.time()
     if not ddp:
         return stop_signal is not None
     received = torch.tensor([stop_signal.value if stop_signal is not None else 0, log_failure is not None], device=device)
@@ -751,10 +755,11 @@ while True:
             save_run(log_size())
         kept = f"{ckpt_path} at iter {saved_iter}" if saved_iter is not None else "no checkpoint"
         log_event(event="stopped", iter=iter_num, signal=stop_signal.name, ckpt=str(ckpt_path) if saved_iter is not None else None)
-        if master:
+        if master:  # (on stderr where stdout's reader left: to be read)
             print(f"{stop_signal.name}: stopped at iter {iter_num}; {kept}"
                   + (f" (continue with --init_from=resume --out_dir={out_dir})" if saved_iter is not None else "")
-                  + ("" if always_save_checkpoint else " (always_save_checkpoint=False keeps the best, saved at its eval)"))
+                  + ("" if always_save_checkpoint else " (always_save_checkpoint=False keeps the best, saved at its eval)"),
+                  file=sys.stderr if getattr(sys.stdout, "reader_left", False) else sys.stdout)
         if wandb_run is not None:
             wandb_run.finish(exit_code=1)
         if ddp:

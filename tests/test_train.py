@@ -557,6 +557,30 @@ def test_a_signal_stops_at_a_log_line_with_a_checkpoint_that_resumes_exactly(dat
     assert not events(tmp_path / "stopped", "stopped")  # cut from the log with what followed the checkpoint
 
 
+@pytest.mark.skipif(os.name == "nt", reason="a closed pipe is SIGPIPE's case, a Unix one")
+def test_a_closed_stdout_stops_at_a_log_line_with_a_checkpoint(data, tmp_path):
+    """`python train.py | head`: once the reader is gone, the run does not die at its next print (a
+    BrokenPipeError, its work since the last checkpoint lost) but stops at its next log line with a checkpoint,
+    as on SIGTERM, says so on stderr and exits 141 (128 + SIGPIPE); resumed, it trains on."""
+    args = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=100000", "--lr_decay_iters=100000",
+            "--eval_interval=100000", "--log_interval=2"]
+    process = subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("iter 4:"):
+            break
+    process.stdout.close()  # as `head` exits
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 141, stderr
+    stopped = events(tmp_path, "stopped")
+    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGPIPE" and 4 < stopped[0]["iter"] < 100000
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == stopped[0]["iter"]
+    assert ("stdout was closed (its reader stopped): the run stops at its next log line, with a "
+            "checkpoint\n") in stderr and "Traceback" not in stderr
+    assert f"SIGPIPE: stopped at iter {stopped[0]['iter']}; {tmp_path / 'ckpt.pt'}" in stderr
+    train(*args[:-4], f"--max_iters={stopped[0]['iter'] + 2}", "--init_from=resume", cwd=tmp_path)
+
+
 def test_a_second_signal_later_stops_at_once(data, tmp_path):
     """A run between log lines (log_interval=10^6) gets Ctrl-C, then Ctrl-C again 3 s later: it stops at once,
     without a checkpoint or a `stopped` line, as Python stops on a KeyboardInterrupt."""
