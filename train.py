@@ -112,6 +112,8 @@ RESUMED_AS_TRAINED = ("dataset", "gradient_accumulation_steps", "batch_size", "b
                       "weight_decay", "beta1", "beta2", "res_query_lr_mult")
 NOT_RESUMED = ("init_from", "out_dir", "eval_only", "cache_dir", "device")  # (the device is stored resolved: cuda:0)
 model_keys = [f.name for f in fields(GPTConfig)]
+if not config["out_dir"].strip():  # ("" is the current folder: a run would write ckpt.pt and log.jsonl there)
+    die("out_dir is empty (an unset shell variable in --out_dir=$DIR?): give the folder the run writes to")
 ckpt_path, log_path = Path(config["out_dir"]) / "ckpt.pt", Path(config["out_dir"]) / "log.jsonl"
 new_run_from_it = f"start a new run from it with --init_from={ckpt_path} and another out_dir"  # (what resume cannot do)
 ckpt = None
@@ -169,6 +171,8 @@ for key in ("learning_rate", "min_lr", "seed", "max_iters", "warmup_iters", "lr_
             "res_query_lr_mult", "grad_clip", "peak_tflops"):  # (learning_rate=0: a frozen model, as the seeding tests use)
     if not config[key] >= 0:
         die(f"{key}={config[key]} must not be negative")
+    if config[key] == math.inf:  # (a learning rate of inf trains one step, to a nan loss)
+        die(f"{key}={config[key]} must be finite")
 if seed > MAX_SEED:
     die(f"seed={seed} does not fit a 64-bit generator: use one from 0 to {MAX_SEED}")
 for key in ("beta1", "beta2"):
@@ -188,9 +192,11 @@ ctx = autocast(device, dtype)
 out_dir = Path(out_dir)
 if not eval_only:  # (eval_only writes nothing there)
     # on every rank (the folder is shared), so that all of them stop here together, before any work is done
-    problem = cannot_write(ckpt_path)
-    if problem:
-        die(f"out_dir={out_dir} cannot be written: {problem}; choose another out_dir")
+    for path in (ckpt_path, log_path):
+        problem = cannot_write(path)
+        if problem:
+            problem = f"{path} is a folder" if problem == "it is a folder" else problem
+            die(f"out_dir={out_dir} cannot be written: {problem}; choose another out_dir")
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
     # one run writes an out_dir at a time: a second train.py there (a command started twice, a grid rerun while

@@ -943,6 +943,8 @@ def bad_inputs(data, tmp_path):
         "beta of 1": (["--beta2=1.0"], "beta2=1.0 is one of AdamW's decay rates"),
         "zero eval_interval": (["--eval_interval=0"], "eval_interval=0 must be positive"),
         "nan learning rate": ([nan_config], "learning_rate=nan must not be negative"),
+        "infinite learning rate": (["--learning_rate=1e999"], "learning_rate=inf must be finite"),
+        "empty out_dir": (["--out_dir="], "out_dir is empty (an unset shell variable in --out_dir=$DIR?)"),
     }
 
 
@@ -955,12 +957,18 @@ def test_bad_inputs_are_one_line_errors(data, tmp_path):
 
 
 def test_an_out_dir_that_cannot_be_written_is_refused_before_training(data, tmp_path):
-    """out_dir is tried before any work: a path through a file, or a file, is one line naming it (not a traceback)."""
+    """out_dir is tried before any work: a path through a file, a file, or a folder where the checkpoint or the log
+    goes, is one line naming it (not a traceback)."""
     (tmp_path / "a_file").write_text("")
-    for out_dir in (tmp_path / "a_file" / "out", tmp_path / "a_file"):
+    for name in ("ckpt.pt", "log.jsonl"):
+        (tmp_path / f"folder_at_{name}" / name).mkdir(parents=True)
+    for out_dir, problem in ((tmp_path / "a_file" / "out", f"{tmp_path / 'a_file'} is a file"),
+                             (tmp_path / "a_file", f"{tmp_path / 'a_file'} is a file"),
+                             *((tmp_path / f"folder_at_{name}", f"{tmp_path / f'folder_at_{name}' / name} is a folder")
+                               for name in ("ckpt.pt", "log.jsonl"))):
         result = train(*TINY, f"--dataset={data}", f"--out_dir={out_dir}", "--max_iters=1", cwd=tmp_path, ok=False)
         assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-        assert result.stderr.startswith(f"error: out_dir={out_dir} cannot be written: ")
+        assert result.stderr.startswith(f"error: out_dir={out_dir} cannot be written: {problem}"), result.stderr
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(data, tmp_path):
