@@ -227,12 +227,34 @@ def task_manager(names, include_path):
     manager = TaskManager(include_path=include_path)
     for name in names:
         if name not in manager.all_tasks:
+            broken = include_path and invalid_yaml(include_path, name)
+            if broken:  # the harness skips a YAML it cannot parse without a word: the task may be in it
+                raise ValueError(f"unknown task {name!r}, and {broken}: fix it")
             near = difflib.get_close_matches(name, manager.all_tasks, n=3)
             raise ValueError(f"unknown task {name!r}" + (f" (did you mean {', '.join(near)}?)" if near else "")
                              + ": `lm-eval ls tasks` lists the harness's tasks"
                              + (f", and {include_path} has no such YAML" if include_path else
                                 "; --include_path=DIR adds task YAMLs of your own"))
     return manager
+
+
+def invalid_yaml(folder, name):
+    """'FILE is not valid YAML (its error)' for the first task YAML under folder, as the harness finds them,
+    that does not parse or cannot be read (NAME.yaml first, the likeliest home of a task NAME), or None
+    where all parse."""
+    import yaml  # (the harness's own dependency)
+    files = [p for p in Path(folder).glob("**/*.yaml") if not {"__pycache__", ".ipynb_checkpoints"} & set(p.parts)]
+    for path in sorted(files, key=lambda p: (p.stem != name, p.as_posix())):
+        try:
+            # the syntax alone: composing builds no objects, so the harness's own tags (!function) need no constructor
+            yaml.compose(path.read_bytes(), Loader=yaml.SafeLoader)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{e.problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else first_line(e)
+            return f"{path} is not valid YAML ({where})"
+        except OSError as e:
+            return f"{path} cannot be read ({e.strerror})"
+    return None
 
 
 def load_tasks(manager, names):

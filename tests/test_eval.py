@@ -495,6 +495,31 @@ def test_one_line_errors(tasks, tmp_path, capsys):
     assert "`lm-eval ls tasks` lists the harness's tasks" in err
 
 
+def test_a_task_yaml_that_does_not_parse_is_named(tasks, tmp_path, capsys):
+    """The harness skips a task YAML it cannot parse without a word, so its task read as unknown and the folder
+    as having no such YAML: the error names the file and where its YAML breaks (or why it cannot be read).
+    The file named after the task is named first; a file that parses (the harness's !function tag included)
+    never is; a broken file stops no task that loads."""
+    folder = shutil.copytree(tasks, tmp_path / "tasks")  # (the YAMLs name their data files by their full paths)
+    (folder / "a_tagged.yaml").write_text("task: a_tagged\nprocess_docs: !function utils.process_docs\n")
+    (folder / "a_broken.yaml").write_text("task: [a_broken\n")
+    (folder / "broken.yaml").write_text("task: broken\ndataset_path: json\n  output_type: loglikelihood\n")
+    assert evaluate.invalid_yaml(folder, "broken") == (f"{folder / 'broken.yaml'} is not valid YAML (mapping values "
+                                                       "are not allowed here at line 3, column 14)")
+    assert evaluate.invalid_yaml(folder, "brokn").startswith(f"{folder / 'a_broken.yaml'} is not valid YAML (")
+    assert evaluate.invalid_yaml(tasks, "broken") is None
+    gone = tmp_path / "gone" / "gone.yaml"  # a link to no file
+    gone.parent.mkdir()
+    gone.symlink_to(tmp_path / "nowhere.yaml")
+    assert evaluate.invalid_yaml(gone.parent, "x") == f"{gone} cannot be read (No such file or directory)"
+    assert "tiny_choice" in evaluate.task_manager(["tiny_choice"], folder).all_tasks
+
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    code, _, err, _ = run_main([f"--ckpt={ckpt}", "--tasks=broken", f"--include_path={folder}", "--device=cpu"], capsys)
+    assert code == 1 and err == (f"error: unknown task 'broken', and {folder / 'broken.yaml'} is not valid YAML "
+                                 "(mapping values are not allowed here at line 3, column 14): fix it\n")
+
+
 @pytest.mark.parametrize("setting, problem", [("top_p: 1.5", "top_p=1.5 (a probability mass, from 0 to 1)"),
                                               ("top_k: -3", "top_k=-3 (a count of tokens, 0 for all)"),
                                               ("temperature: -1.0", "temperature=-1.0 (0 for greedy, more to sample)")])
