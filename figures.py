@@ -305,7 +305,30 @@ def read_comparisons(folder):
         found = None
     if found is None or not all(key in p for by_point in found.values() for p in by_point.values() for key in PAIRED):
         raise ValueError(f"{path} is not compare.py's results (no runs with their paired comparisons): {redo}")
+    for name, run in results["runs"].items():
+        for ref, p in run["paired"].items():
+            problem = p["n"] and paired_problem(p)  # (no seed in common, n=0: nothing is drawn)
+            if problem:
+                raise ValueError(f"{path} is not compare.py's results (run {name} vs {ref}: {problem}): {redo}")
     return found
+
+
+def paired_problem(p):
+    """Why a paired comparison over seeds (n > 0) is not as compare.py writes it, in a few words, or None: the
+    figures draw its numbers and the tables print them, so a null or a string among them would be a traceback
+    from matplotlib, or a table cell that reads "None/3"."""
+    shown = lambda key: f"{key}={json.dumps(p[key])}"
+    count = lambda x: type(x) is int  # (not a bool)
+    number = lambda x: type(x) in (int, float)
+    if not (count(p["n"]) and p["n"] > 0):
+        return f"{shown('n')}, not a number of seeds"
+    if not (count(p["wins"]) and 0 <= p["wins"] <= p["n"]):
+        return f"{shown('wins')}, not a number of seeds out of n={p['n']}"
+    if not number(p["diff_nats_mean"]):
+        return f"{shown('diff_nats_mean')}, not a number"
+    if not (number(p["diff_nats_std"]) or (p["diff_nats_std"] is None and p["n"] == 1)):
+        return f"{shown('diff_nats_std')} over n={p['n']} seeds, not a number (one seed has none: null)"
+    return None
 
 
 def grid_deltas(folder):

@@ -230,6 +230,43 @@ def test_a_results_json_that_is_not_compare_pys_is_named(grids):
         figures.deltas_by_depth([depth.parent / "again"])
 
 
+def test_a_plotted_number_that_is_not_one_is_named(grids):
+    """A comparison over seeds (n > 0) whose numbers are not compare.py's (a null Δ, a std missing over several
+    seeds, counts that are no counts) is the one-line error of a damaged results.json, naming the run and its
+    reference: a null was a TypeError from matplotlib. A comparison over no seed (n=0, its Δ null) is drawn
+    by no figure, and stays allowed."""
+    depth, width = grids
+    path = depth / "results.json"
+    good = json.loads(path.read_text())
+    run, ref = "n_layer=4/rd/res_blocks=0", "n_layer=4/standard"
+    for key, value, problem in [("diff_nats_mean", None, "diff_nats_mean=null, not a number"),
+                                ("diff_nats_mean", "-0.03", 'diff_nats_mean="-0.03", not a number'),
+                                ("diff_nats_std", None, "diff_nats_std=null over n=3 seeds, not a number (one seed has none: null)"),
+                                ("wins", None, "wins=null, not a number of seeds out of n=3"),
+                                ("wins", 4, "wins=4, not a number of seeds out of n=3"),
+                                ("n", 2.5, "n=2.5, not a number of seeds")]:
+        results = json.loads(json.dumps(good))
+        results["runs"][run]["paired"][ref][key] = value
+        path.write_text(json.dumps(results))
+        with pytest.raises(ValueError) as e:
+            figures.deltas_by_depth([depth, width])
+        assert str(e.value) == (f"{path} is not compare.py's results (run {run} vs {ref}: {problem}): write it again "
+                                "with the grid's compare.py command and --report=True (it trains nothing)")
+    results = json.loads(json.dumps(good))
+    results["runs"][run]["paired"][ref] = dict(good["runs"][run]["paired"][ref], seeds=[], n=0, diff_nats=[],
+                                               diff_nats_mean=None, diff_nats_std=None, wins=0)
+    path.write_text(json.dumps(results))
+    assert sorted(figures.deltas_by_depth([depth])["rd/res_blocks=0"][128]) == [2]  # n_layer=4's is gone, not an error
+
+    results["runs"][run]["paired"][ref] = dict(good["runs"][run]["paired"][ref], diff_nats_mean=None)
+    path.write_text(json.dumps(results))
+    bad = subprocess.run([sys.executable, str(ROOT / "figures.py"), "depth", str(depth), str(width)], capture_output=True,
+                         text=True, cwd=depth.parent)
+    assert bad.returncode == 1 and bad.stderr == (f"error: {path} is not compare.py's results (run {run} vs {ref}: "
+                                                  "diff_nats_mean=null, not a number): write it again with the grid's "
+                                                  "compare.py command and --report=True (it trains nothing)\n")
+
+
 def test_an_out_path_that_cannot_be_written_is_one_line(grids, tmp_path):
     """--out where no file can be written (under a file, which stops root too; onto a folder) is a one-line
     error naming the path, not a traceback from matplotlib."""
