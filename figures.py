@@ -15,6 +15,8 @@ keeps only the run kinds it names.
 """
 
 import argparse
+import contextlib
+import io
 import json
 import statistics
 from pathlib import Path
@@ -274,13 +276,22 @@ def plot_sweep_max_weight(results, path):
 def run_model(folder, name):
     """The train.py settings a run of a grid trained with, from its runs/<name>/seed<k>/train_args.json
     (any seed's: they differ only in --seed), its config file named from the repository root, where
-    compare.py runs."""
+    compare.py runs. Arguments train.py does not take are a ValueError that names the file."""
     files = sorted((Path(folder) / "runs" / name).glob("seed*/train_args.json"))
     if not files:
         raise ValueError(f"{Path(folder) / 'runs' / name} has no seed*/train_args.json to read the run's model from")
-    args = read_train_args(files[0], "copy it again from the run's folder in the grid's out_dir, where compare.py wrote it")
+    remedy = "copy it again from the run's folder in the grid's out_dir, where compare.py wrote it"
+    args = read_train_args(files[0], remedy)
     args = [a if a.startswith("--") else str(ROOT / a) for a in args]
-    return configurator.configure(configurator.script_defaults(TRAIN), args, str(TRAIN))[0]
+    try:
+        # configure's errors end in one line on stderr and an exit, as train.py's command line should: caught
+        # here, that line says which file it came from
+        with contextlib.redirect_stderr(io.StringIO()) as said:
+            return configurator.configure(configurator.script_defaults(TRAIN), args, str(TRAIN))[0]
+    except SystemExit:
+        problem = said.getvalue().strip().removeprefix("error: ").removesuffix(" (see --help)")
+        raise ValueError(f"{files[0]} holds arguments train.py does not take here ({problem}): {remedy}, or draw "
+                         "the figure in the checkout that trained the grid") from None
 
 
 PAIRED = ("n", "wins", "diff_nats_mean", "diff_nats_std")  # what the figures and tables read of a comparison

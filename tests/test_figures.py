@@ -267,6 +267,26 @@ def test_a_plotted_number_that_is_not_one_is_named(grids):
                                                   "compare.py command and --report=True (it trains nothing)\n")
 
 
+def test_train_args_that_train_py_does_not_take_are_named(grids, capsys):
+    """A run's train_args.json with a key train.py does not have, or a config file this checkout does not
+    have, is a one-line error that names that train_args.json (it named neither file nor run) and says what
+    to do; configure's own line is not printed too."""
+    depth, _ = grids
+    args = depth / "runs" / "n_layer=2" / "rd" / "res_blocks=0" / "seed0" / "train_args.json"
+    written = json.loads(args.read_text())
+    remedy = ("copy it again from the run's folder in the grid's out_dir, where compare.py wrote it, or draw the "
+              "figure in the checkout that trained the grid")
+    for changed, problem in [([a.replace("--n_layer=", "--n_lyer=") for a in written], "unknown config key 'n_lyer'"),
+                             ([a.replace(CONFIG, "config/nonexistent.py") for a in written],
+                              f"cannot read config file {ROOT / 'config' / 'nonexistent.py'} (No such file or directory)")]:
+        assert changed != written
+        args.write_text(json.dumps(changed))
+        with pytest.raises(ValueError) as e:
+            figures.deltas_by_depth([depth])
+        assert str(e.value) == f"{args} holds arguments train.py does not take here ({problem}): {remedy}"
+        assert capsys.readouterr().err == ""
+
+
 def test_an_out_path_that_cannot_be_written_is_one_line(grids, tmp_path):
     """--out where no file can be written (under a file, which stops root too; onto a folder) is a one-line
     error naming the path, not a traceback from matplotlib."""
