@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -43,8 +44,10 @@ COLORS = {"standard": "black", "attnres": "tab:blue", "delta": "tab:red", "rd": 
 
 def picture_path(path, option):
     """The file matplotlib writes for `--option=path` (NAME.png for a NAME without an extension), checked
-    before any work: a ValueError says what to change where matplotlib does not know the format, or the
-    folder cannot be written."""
+    before any work: a ValueError says what to change where path is a folder, matplotlib does not know the
+    format, or the folder cannot be written."""
+    if os.path.isdir(path):  # (else matplotlib would write FOLDER.png beside it)
+        raise ValueError(f"--{option}={path} is a folder: give the file to write, e.g. --{option}={Path(path) / 'NAME.png'}")
     path = str(path) if Path(path).suffix else f"{path}.png"
     formats = FigureCanvasBase.get_supported_filetypes()
     if Path(path).suffix[1:].lower() not in formats:

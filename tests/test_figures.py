@@ -297,8 +297,18 @@ def test_an_out_path_that_cannot_be_written_is_one_line(grids, tmp_path):
                                          "give a path in a folder you can write$"):
         figures.main(["depth", str(depth), str(width), f"--out={out}"])
     (tmp_path / "taken.png").mkdir()
-    with pytest.raises(ValueError, match=rf"^cannot write --out={tmp_path / 'taken.png'} \(it is a folder\)"):
+    with pytest.raises(ValueError, match=rf"^--out={tmp_path / 'taken.png'} is a folder: give the file to write"):
         figures.main(["depth", str(depth), str(width), f"--out={tmp_path / 'taken.png'}"])
+
+
+def test_an_out_folder_is_refused_not_written_beside(grids, tmp_path):
+    """--out=FOLDER, a folder that exists, is a one-line error: it was written as FOLDER.png, beside it, without a word."""
+    depth, width = grids
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=rf"^--out={folder} is a folder: give the file to write, e.g. --out={folder / 'NAME.png'}$"):
+        figures.main(["depth", str(depth), str(width), f"--out={folder}"])
+    assert not (tmp_path / "figs.png").exists() and not any(folder.iterdir())
 
 
 def test_an_out_format_matplotlib_cannot_write_is_refused_before_the_grids_are_read(tmp_path, monkeypatch):
