@@ -248,3 +248,15 @@ def test_summary_reads_every_file_the_gpu_check_writes(tmp_path):
     assert read == jsons and all(summary[name] is not None for name in jsons)
     assert summary["route"]["fastest_tile"] == "4096:4" and summary["tests"] is not None
     assert set(summary["train"]) == runs and all(summary["train"][name] is not None for name in runs)
+
+
+def test_gpu_check_refuses_an_unknown_part_before_running_anything(tmp_path):
+    """A misspelt part (compile for compiled) is refused in one line that lists the parts, before OUT_DIR is
+    made or anything runs, not run as nothing and passed."""
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), str(out), "bench", "compile"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["tools/gpu_check.sh: no part named 'compile': name parts from tests train "
+                                          "sample route bench compiled compiled_sublayers"]
+    assert not out.exists()

@@ -46,6 +46,13 @@ cd "$(dirname "$0")/.."
 out=${1:-gpu_check}
 shift || true
 parts=${*:-tests train sample route bench}
+known="tests train sample route bench compiled compiled_sublayers"
+for name in "$@"; do  # a misspelt part would otherwise run nothing and pass
+  if [[ " $known " != *" $name "* ]]; then
+    echo "tools/gpu_check.sh: no part named '$name': name parts from $known" >&2
+    exit 2
+  fi
+done
 mkdir -p "$out"
 rm -rf "$out/logs" && mkdir "$out/logs"  # this run's parts' logs; the log keeps every run's
 log="$out/gpu_check.log"
