@@ -260,3 +260,15 @@ def test_gpu_check_refuses_an_unknown_part_before_running_anything(tmp_path):
     assert result.stderr.splitlines() == ["tools/gpu_check.sh: no part named 'compile': name parts from tests train "
                                           "sample route bench compiled compiled_sublayers"]
     assert not out.exists()
+
+
+def test_gpu_check_refuses_an_out_dir_that_is_a_file(tmp_path):
+    """An OUT_DIR that is a file ends in one line and a nonzero exit before anything runs, not in a cascade of
+    mkdir and tee errors and the summary's traceback; the file is left as it was."""
+    out = tmp_path / "out"
+    out.write_text("not a folder\n")
+    result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), str(out), "bench"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"tools/gpu_check.sh: OUT_DIR {out} is a file: name a folder (it is made if missing)"]
+    assert out.read_text() == "not a folder\n"

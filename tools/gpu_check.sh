@@ -53,7 +53,14 @@ for name in "$@"; do  # a misspelt part would otherwise run nothing and pass
     exit 2
   fi
 done
-mkdir -p "$out"
+if [[ -e $out && ! -d $out ]]; then
+  echo "tools/gpu_check.sh: OUT_DIR $out is a file: name a folder (it is made if missing)" >&2
+  exit 2
+fi
+if ! mkdir -p -- "$out" 2>/dev/null || [[ ! -w $out ]]; then
+  echo "tools/gpu_check.sh: cannot write to OUT_DIR $out: name a folder you can write (it is made if missing)" >&2
+  exit 2
+fi
 rm -rf "$out/logs" && mkdir "$out/logs"  # this run's parts' logs; the log keeps every run's
 log="$out/gpu_check.log"
 export PYTHONUNBUFFERED=1
