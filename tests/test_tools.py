@@ -272,3 +272,63 @@ def test_gpu_check_refuses_an_out_dir_that_is_a_file(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"tools/gpu_check.sh: OUT_DIR {out} is a file: name a folder (it is made if missing)"]
     assert out.read_text() == "not a folder\n"
+
+
+FAKE_PARTS = """#!{python}
+# python3 for gpu_check.sh without a GPU: a script FAKE_FAIL names exits 1, any other passes (bench.py writing its
+# --json with no rows); `python3 -c ...` and the summary run for real unless FAKE_FAIL names them
+import json, os, sys
+args = sys.argv[1:]
+script = args[1] if args[0] == "-m" else args[0]
+if script in os.environ["FAKE_FAIL"].split():
+    sys.exit(1)
+if args[0] == "-c" or script.endswith("gpu_summary.py"):
+    os.execv(sys.executable, [sys.executable, *args])
+for arg in args:
+    if arg.startswith("--json="):
+        open(arg[len("--json="):], "w").write(json.dumps(dict(compile=False, rows=[])))
+"""
+
+
+def test_gpu_check_leaves_no_earlier_result_to_a_failed_part(tmp_path):
+    """A part removes what an earlier run of it wrote before it runs: where it fails, the summary has nothing of
+    that run to show under this run's date (the tests' counts, a bench's rows; and no earlier fold for
+    sample_folded), lists the failed parts, and the script exits 1 after running them all. The exit status is
+    this run's: a rerun whose parts pass exits 0, though the summary still lists a part that failed in an earlier
+    run and was not rerun. A run that never writes its summary leaves no earlier one."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_PARTS.format(python=sys.executable))
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    (out / "train_rd_dlr").mkdir(parents=True)
+    (out / "train_rd_dlr" / "folded.pt").write_text("an earlier fold")
+    (out / "tests.xml").write_text(JUNIT)
+    rows = [dict(name="standard", phase="train", ratio=1.0, tokens_per_s=100.0, mem_ratio=1.0, peak_mem_mb=10.0, mfu=0.1)]
+    for name in ("bench_eager_fused", "bench_eager_plain"):
+        (out / f"{name}.json").write_text(json.dumps(dict(compile=False, rows=rows)))
+    (out / "parts.txt").write_text("bench_fused 0 40 \nbench_plain 0 20 \n")
+
+    def check(parts, fail):
+        env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}", FAKE_FAIL=fail)
+        return subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), str(out), *parts], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    result = check(["tests", "sample", "bench"], "pytest sample.py fold.py bench.py")
+    assert result.returncode == 1, result.stderr
+    failed = {"tests", "sample", "fold", "sample_folded", "bench_fused", "bench_plain"}
+    last = re.fullmatch(rf"##### failed: ([\w ]+) \(their output: {re.escape(str(out))}/logs/\)", result.stdout.splitlines()[-1])
+    assert last and sorted(last[1].split()) == sorted(failed)  # the side-by-side parts: in the order they ended
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["failed"]) == sorted(failed)
+    assert summary["tests"] is None and summary["bench_eager_fused"] is None and summary["bench_eager_plain"] is None
+    assert not (out / "train_rd_dlr" / "folded.pt").exists()
+
+    result = check(["bench"], "")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["failed"]) == sorted(failed - {"bench_fused", "bench_plain"})  # their latest run: the one before
+    assert summary["bench_eager_fused"]["rows"] == {} and summary["bench_eager_plain"]["rows"] == {}
+
+    result = check(["bench"], "tools/gpu_summary.py")
+    assert result.returncode == 1 and not (out / "summary.json").exists()

@@ -37,7 +37,9 @@
 #   compiled_sublayers  (~2 minutes more) the same bench with --compile_sublayers: each layer's two sublayers compiled (the
 #             graphs every layer and row shares), the routes between them eager: its compile time and speed
 #             beside the whole model's
-# Each part has a time limit, and a failed part does not stop the others: the summary says which passed. The
+# Each part has a time limit, and a failed part does not stop the others: the summary lists the failed ones
+# ("failed"), and the script ends with exit 1 when a part it ran failed (2: called wrongly, nothing ran). Each part
+# first removes what an earlier run of it wrote, so a failed part leaves no earlier result to be read as its own. The
 # side-by-side parts share the machine, so their limits are about twice what each took alone; a cold route
 # part (its warm-up failed) compiles its twenty kernels itself, within its own limit. Each part's output is
 # in OUT_DIR/logs/ as it runs; the side-by-side parts' reach the log when all of them have ended.
@@ -62,6 +64,9 @@ if ! mkdir -p -- "$out" 2>/dev/null || [[ ! -w $out ]]; then
   exit 2
 fi
 rm -rf "$out/logs" && mkdir "$out/logs"  # this run's parts' logs; the log keeps every run's
+rm -f "$out/summary.json"  # a run stopped before its summary must not leave an earlier run's
+ran_before=0  # parts.txt's lines from earlier runs: this run's are those after them
+[[ -f $out/parts.txt ]] && ran_before=$(wc -l <"$out/parts.txt")
 log="$out/gpu_check.log"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET  # the compiled kernels, not the CPU interpreter the CPU tests use
@@ -91,6 +96,7 @@ route_tiles=1024:1,1024:1:prefetch,4096:4:prefetch,2048:4  # the route part's ti
 side_by_side=side_by_side
 if wants tests; then
   workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  rm -f "$out/tests.xml"
   part tests 420 python3 -m pytest -q -rs $workers tests/test_gpu.py tests/test_route_kernels.py --junitxml="$out/tests.xml" &
 fi
 if wants train || wants sample; then
@@ -104,7 +110,8 @@ if wants train || wants sample; then
     fi
     if wants sample; then
       part sample 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200
-      part fold 120 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --overwrite --device=cuda
+      rm -f "$out/train_rd_dlr/folded.pt"  # a failed fold must not leave an earlier one to sample_folded
+      part fold 120 python3 fold.py --ckpt="$out/train_rd_dlr/ckpt.pt" --out="$out/train_rd_dlr/folded.pt" --device=cuda
       part sample_folded 120 python3 sample.py --ckpt="$out/train_rd_dlr/folded.pt" --num_samples=1 --max_new_tokens=100
     fi
   ) &
@@ -140,6 +147,7 @@ if wants bench; then
          --block_size=1024 --rounds=3 --decode_tokens=16)
   # 46 s on the H200 before rd's paired kernels, with its route kernels compiled inside; route_warm now compiles
   # them for every source count at every tile, and the limit leaves room for a cold run
+  rm -f "$out/bench_eager_fused.json" "$out/bench_eager_plain.json"
   part bench_fused 300 "${bench[@]}" $route_tile --json="$out/bench_eager_fused.json" \
     --rows=standard,attnres/res_blocks=0,attnres/res_blocks=4,delta/res_blocks=0,rd/res_blocks=0,rd/res_blocks=4
   part bench_plain 120 "${bench[@]}" --json="$out/bench_eager_plain.json" --fused_route=false \
@@ -151,12 +159,21 @@ compiled_bench=(env TORCH_LOGS=recompiles,graph_breaks python3 bench.py --device
                 --n_head=12 --batch_size=16 --block_size=1024 --rounds=2 --decode_tokens=8 --compile $route_tile
                 --rows=standard,attnres/res_blocks=4,rd/res_blocks=4,attnres/res_blocks=0)
 if wants compiled; then
+  rm -f "$out/bench_compiled_fused.json"
   part bench_compiled 450 "${compiled_bench[@]}" --json="$out/bench_compiled_fused.json"
   if [[ -f "$out/train_delta/ckpt.pt" ]]; then
     part sample_compiled 120 python3 sample.py --out_dir="$out/train_delta" --num_samples=1 --max_new_tokens=200 --compile
   fi
 fi
 if wants compiled_sublayers; then
+  rm -f "$out/bench_compiled_sublayers.json"
   part bench_compiled_sublayers 240 "${compiled_bench[@]}" --compile_sublayers --json="$out/bench_compiled_sublayers.json"
 fi
 python3 tools/gpu_summary.py "$out" | tee -a "$log"
+summarised=$?
+failed=$(tail -n "+$((ran_before + 1))" "$out/parts.txt" | awk '$2 != 0 { printf " %s", $1 }')
+if [[ -n $failed ]]; then
+  echo "##### failed:$failed (their output: $out/logs/)" | tee -a "$log"
+  exit 1
+fi
+exit $summarised

@@ -4,10 +4,10 @@ The GPU check's summary (tools/gpu_check.sh writes the parts, this reads them ba
     python tools/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
 
 The machine (GPU, torch, Triton, date), the code's commit, each part's exit code and seconds (and whether it
-ran side by side with others), the test counts from pytest's JUnit XML, the training runs' tokens/s and MFU
-(median of their logged iterations after the first 20, which include warm-up; taken beside the tests, so
-they say that training runs on the GPU, not how fast: bench.py's rows do), and each bench row's ratios to
-standard.
+ran side by side with others) and which parts failed, the test counts from pytest's JUnit XML, the training
+runs' tokens/s and MFU (median of their logged iterations after the first 20, which include warm-up; taken
+beside the tests, so they say that training runs on the GPU, not how fast: bench.py's rows do), and each bench
+row's ratios to standard.
 """
 
 import json
@@ -82,6 +82,7 @@ def main(out):
         "date": time.strftime("%Y-%m-%d"),
         "commit": git_commit()[0], "dirty": git_commit()[1],  # the code the parts ran, where it is a git checkout
         "parts": parts,
+        "failed": [name for name, part in parts.items() if part["exit"] != 0],  # each part's latest run
         "tests": test_counts(out / "tests.xml"),
         "train": {name: training(out / name) for name in ("train_delta", "train_rd_dlr")},
         "bench_eager_fused": bench(out / "bench_eager_fused.json"),
