@@ -225,7 +225,7 @@ def test_training_speed_is_the_median_after_warm_up(tmp_path):
     slow = next(e for e in events if e.get("iter") == 25 and e["event"] == "train")
     slow.update(tokens_per_s=100.0, mfu=0.025)
     (run / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    speed = gpu_summary.training(run)
+    speed = gpu_summary.training(run / "log.jsonl")
     assert (speed["tokens_per_s"], speed["mfu"]) == (1000.0, 0.25)  # the mean would be 910 and 0.2275
 
 
@@ -332,3 +332,38 @@ def test_gpu_check_leaves_no_earlier_result_to_a_failed_part(tmp_path):
 
     result = check(["bench"], "tools/gpu_summary.py")
     assert result.returncode == 1 and not (out / "summary.json").exists()
+
+
+def test_summary_names_a_damaged_file_and_summarises_the_rest(tmp_path):
+    """A file cut short or not in its part's format (a short line in parts.txt, a truncated tests.xml, an empty
+    or truncated log.jsonl, a bench JSON without "compile") is named in its place as unreadable, and the other
+    files are summarised as ever: one bad file does not lose the rest. A part whose line is unreadable is
+    not taken to have passed."""
+    (tmp_path / "parts.txt").write_text("route 0 25 \ntests 0\nbench_fused 0 40 \n")
+    (tmp_path / "tests.xml").write_text(JUNIT[:100])
+    (tmp_path / "train_delta").mkdir()
+    (tmp_path / "train_delta" / "log.jsonl").write_text("")
+    write_train_log(tmp_path / "train_rd_dlr", 1000.0)
+    log = tmp_path / "train_rd_dlr" / "log.jsonl"
+    log.write_text(log.read_text()[:-20])
+    rows = [dict(name="standard", phase="train", ratio=1.0, tokens_per_s=100.0, mem_ratio=1.0, peak_mem_mb=10.0, mfu=0.1)]
+    (tmp_path / "bench_eager_fused.json").write_text(json.dumps(dict(compile=False, rows=rows)))
+    (tmp_path / "bench_eager_plain.json").write_text(json.dumps(dict(rows=rows)))
+    gpu_summary.main(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["parts"] == {"route": {"exit": 0, "seconds": 25}, "tests": {"unreadable": "parts.txt line 2: 'tests 0'"},
+                                "bench_fused": {"exit": 0, "seconds": 40}}
+    assert summary["failed"] == ["tests"]
+    assert summary["tests"]["unreadable"].startswith("tests.xml: ParseError: ")
+    assert summary["train"]["train_delta"] == {"unreadable": "train_delta/log.jsonl: ValueError: no events (an empty file)"}
+    assert summary["train"]["train_rd_dlr"]["unreadable"].startswith("train_rd_dlr/log.jsonl: JSONDecodeError: ")
+    assert summary["bench_eager_plain"] == {"unreadable": "bench_eager_plain.json: KeyError: 'compile'"}
+    assert summary["bench_eager_fused"]["rows"]["standard"]["train_ratio"] == 1.0 and summary["route"] is None
+
+
+def test_summary_of_a_folder_that_is_not_there_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_summary.py"), str(tmp_path / "nothing")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"gpu_summary.py: {tmp_path / 'nothing'} is not a folder: give the OUT_DIR "
+                                          "tools/gpu_check.sh wrote"]

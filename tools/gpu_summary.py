@@ -7,7 +7,8 @@ The machine (GPU, torch, Triton, date), the code's commit, each part's exit code
 ran side by side with others) and which parts failed, the test counts from pytest's JUnit XML, the training
 runs' tokens/s and MFU (median of their logged iterations after the first 20, which include warm-up; taken
 beside the tests, so they say that training runs on the GPU, not how fast: bench.py's rows do), and each bench
-row's ratios to standard.
+row's ratios to standard. A file that is damaged (cut short, or not in the format its part writes) is named
+in its place as unreadable, and the rest is summarised.
 """
 
 import json
@@ -22,6 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import git_commit, triton_version  # noqa: E402
 
+# what reading a file raises where it is cut short or not in the format its part writes
+DAMAGED = (OSError, ValueError, KeyError, IndexError, TypeError, ET.ParseError)
+
 
 def test_counts(xml_path):
     """{"passed", "failed", "skipped"} from pytest's --junitxml (errors count as failed)."""
@@ -34,12 +38,14 @@ def test_counts(xml_path):
     return {"passed": total["tests"] - failed - total["skipped"], "failed": failed, "skipped": total["skipped"]}
 
 
-def training(out_dir):
-    """A train.py run's speed: median tokens/s and MFU of its logged iterations after warm-up, and its losses."""
-    log = out_dir / "log.jsonl"
+def training(log):
+    """A train.py run's speed, from its log.jsonl: median tokens/s and MFU of its logged iterations after
+    warm-up, and its losses."""
     if not log.exists():
         return None
     events = [json.loads(line) for line in log.read_text().splitlines()]
+    if not events:
+        raise ValueError("no events (an empty file)")
     steps = [e for e in events if e["event"] == "train" and e["iter"] >= 20]
     done = [e for e in events if e["event"] == "done"]
     start = events[0]
@@ -69,30 +75,65 @@ def bench(path):
             "paired_route_tile": data.get("paired_route_tile"), "compile": data["compile"], "rows": rows}
 
 
+def route(path):
+    """route_kernels.py --json's figures, as they are."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def parts_run(path):
+    """Each part's latest exit code and seconds (a rerun appends its line), and whether it ran side by side
+    with others; a line that is not whole marks its part unreadable."""
+    parts = {}
+    if not path.exists():
+        return parts
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        words = line.split()
+        if not words:
+            continue
+        try:
+            name, rc, seconds, *side_by_side = words  # side_by_side: run beside other parts, not alone
+            parts[name] = {"exit": int(rc), "seconds": int(seconds)} | ({"side_by_side": True} if side_by_side else {})
+        except ValueError:
+            parts[words[0]] = {"unreadable": f"{path.name} line {number}: {line!r}"}
+    return parts
+
+
 def main(out):
     out = Path(out)
-    parts = {}
-    if (out / "parts.txt").exists():
-        for line in (out / "parts.txt").read_text().splitlines():
-            name, rc, seconds, *side_by_side = line.split()  # side_by_side: run beside other parts, not alone
-            parts[name] = {"exit": int(rc), "seconds": int(seconds)} | ({"side_by_side": True} if side_by_side else {})
+    if not out.is_dir():
+        sys.exit(f"gpu_summary.py: {out} is not a folder: give the OUT_DIR tools/gpu_check.sh wrote")
+
+    def read(reader, name):
+        """reader(OUT_DIR/name), or where that file is damaged, which file and what is wrong with it: a GPU
+        lease is short, and one bad file must not lose the summary of the rest."""
+        try:
+            return reader(out / name)
+        except DAMAGED as e:
+            return {"unreadable": f"{name}: {type(e).__name__}: {e}"}
+
+    parts = parts_run(out / "parts.txt")
     summary = {
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version(),
         "date": time.strftime("%Y-%m-%d"),
         "commit": git_commit()[0], "dirty": git_commit()[1],  # the code the parts ran, where it is a git checkout
         "parts": parts,
-        "failed": [name for name, part in parts.items() if part["exit"] != 0],  # each part's latest run
-        "tests": test_counts(out / "tests.xml"),
-        "train": {name: training(out / name) for name in ("train_delta", "train_rd_dlr")},
-        "bench_eager_fused": bench(out / "bench_eager_fused.json"),
-        "bench_eager_plain": bench(out / "bench_eager_plain.json"),
-        "bench_compiled_fused": bench(out / "bench_compiled_fused.json"),
-        "bench_compiled_sublayers": bench(out / "bench_compiled_sublayers.json"),
-        "route": json.loads((out / "route.json").read_text()) if (out / "route.json").exists() else None,
+        # each part's latest run; one whose line is unreadable too, as nothing says that it passed
+        "failed": [name for name, part in parts.items() if part.get("exit") != 0],
+        "tests": read(test_counts, "tests.xml"),
+        "train": {name: read(training, f"{name}/log.jsonl") for name in ("train_delta", "train_rd_dlr")},
+        "bench_eager_fused": read(bench, "bench_eager_fused.json"),
+        "bench_eager_plain": read(bench, "bench_eager_plain.json"),
+        "bench_compiled_fused": read(bench, "bench_compiled_fused.json"),
+        "bench_compiled_sublayers": read(bench, "bench_compiled_sublayers.json"),
+        "route": read(route, "route.json"),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
+    text = json.dumps(summary, indent=1) + "\n"
+    try:
+        (out / "summary.json").write_text(text)
+    except OSError as e:
+        sys.exit(f"gpu_summary.py: cannot write {out / 'summary.json'} ({e.strerror or e}): make OUT_DIR writable")
+    print(text, end="")
 
 
 if __name__ == "__main__":
