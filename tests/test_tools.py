@@ -365,5 +365,5 @@ def test_summary_of_a_folder_that_is_not_there_is_one_line(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_summary.py"), str(tmp_path / "nothing")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and result.stdout == ""
-    assert result.stderr.splitlines() == [f"gpu_summary.py: {tmp_path / 'nothing'} is not a folder: give the OUT_DIR "
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'nothing'} is not a folder: give the OUT_DIR "
                                           "tools/gpu_check.sh wrote"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import git_commit, triton_version  # noqa: E402
+from common import die, git_commit, triton_version  # noqa: E402
 
 # what reading a file raises where it is cut short or not in the format its part writes
 DAMAGED = (OSError, ValueError, KeyError, IndexError, TypeError, ET.ParseError)
@@ -101,7 +101,7 @@ def parts_run(path):
 def main(out):
     out = Path(out)
     if not out.is_dir():
-        sys.exit(f"gpu_summary.py: {out} is not a folder: give the OUT_DIR tools/gpu_check.sh wrote")
+        die(f"{out} is not a folder: give the OUT_DIR tools/gpu_check.sh wrote")
 
     def read(reader, name):
         """reader(OUT_DIR/name), or where that file is damaged, which file and what is wrong with it: a GPU
@@ -132,7 +132,7 @@ def main(out):
     try:
         (out / "summary.json").write_text(text)
     except OSError as e:
-        sys.exit(f"gpu_summary.py: cannot write {out / 'summary.json'} ({e.strerror or e}): make OUT_DIR writable")
+        die(f"cannot write {out / 'summary.json'} ({e.strerror or e}): make OUT_DIR writable")
     print(text, end="")
 
 
