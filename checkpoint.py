@@ -65,6 +65,11 @@ def load_checkpoint(path, map_location="cpu"):
     if not path.is_file():
         writes = f"--out_dir={path.parent} writes it" if path.name == "ckpt.pt" else "--out_dir=DIR writes DIR/ckpt.pt"
         raise FileNotFoundError(f"no checkpoint at {path}: check the path, or train one first (python train.py {writes})")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save's zip archive, or its legacy pickle
+        what = "an empty file" if not head else "not a file torch.save writes"
+        raise ValueError(f"{path} is not a checkpoint ({what}): pass a ckpt.pt that train.py or fold.py wrote")
     damaged = _damaged_record(path)
     if damaged:
         raise ValueError(f"checkpoint {path} is damaged ({damaged}), so it was not loaded: restore it from a copy or retrain")

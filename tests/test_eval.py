@@ -486,7 +486,7 @@ def test_one_line_errors(tasks, tmp_path, capsys):
         ([f"--ckpt={ckpt}", "--tasks=,", *local], 2, "--tasks names no task"),
         ([f"--ckpt={ckpt}", "--tasks=tiny_choice", "--include_path=/no/such/folder"], 1, "--include_path=/no/such/folder: no such folder"),
         ([f"--out_dir={tmp_path / 'nowhere'}", "--tasks=tiny_choice", *local], 1, "no checkpoint at"),
-        ([f"--ckpt={tmp_path / 'broken.pt'}", "--tasks=tiny_choice", *local], 1, "broken.pt holds objects a checkpoint must not hold"),
+        ([f"--ckpt={tmp_path / 'broken.pt'}", "--tasks=tiny_choice", *local], 1, "broken.pt is not a checkpoint (not a file torch.save writes)"),
         ([f"--ckpt={ckpt}", "--tasks=hellaswagg", *local], 1, "unknown task 'hellaswagg' (did you mean hellaswag"),
     ]
     for argv, want_code, message in cases:

@@ -90,6 +90,22 @@ def test_a_torch_file_that_is_not_a_checkpoint_is_refused_in_one_line(tmp_path, 
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("content,what", [(b"", "an empty file"), (b'{"tokenizer": "bytes"}', "not a file torch.save writes"),
+                                          (b"\x40\x1b\x34\x01" + bytes(1020), "not a file torch.save writes")])
+def test_a_file_that_no_torch_save_wrote_is_named_not_a_checkpoint(tmp_path, content, what):
+    """A file of another kind passed as a checkpoint (meta.json, a token shard, an empty file) is named for what it
+    is not, in one line: not "damaged", and not "objects a checkpoint must not hold", which would warn of an
+    unsafe file. torch.save's files start as a zip archive (PK) or, in its legacy format, a pickle (0x80)."""
+    path = tmp_path / "file"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"^{path} is not a checkpoint \({what}\): pass a ckpt.pt that train.py or "
+                                         "fold.py wrote$"):
+        load_checkpoint(path)
+    legacy = tmp_path / "legacy.pt"
+    torch.save(dict(model={}, model_args={}), legacy, _use_new_zipfile_serialization=False)
+    assert load_checkpoint(legacy) == dict(model={}, model_args={})  # (the legacy format still loads)
+
+
 @pytest.mark.parametrize("damage", ["no GPT-2 tensors", "truncated"])
 def test_a_safetensors_file_without_gpt2_weights_is_refused_in_one_line(tmp_path, damage):
     """The GPT-2 reader (checkpoint.gpt2_state_dict) refuses a safetensors file that holds other tensors, or
