@@ -272,6 +272,13 @@ def load_for_inference(init_from, path=None, device="cpu", cache_dir="cache"):
                              f"({str(e).split(';')[0]}): delete it to download it again") from None
         model.to(device)
         ckpt, tokenizer = None, get_tokenizer("gpt2")
+    # (train.py never saves a run that lost its way to nan, so such weights come from elsewhere; they would sample
+    # NUL bytes at temperature 0, and fail inside torch.multinomial otherwise)
+    not_finite = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    if not_finite:
+        raise ValueError(f"{path if init_from == 'resume' else init_from} holds weights that are not finite "
+                         f"({not_finite}, maybe more): the run that wrote it diverged, or the file was changed; use "
+                         "another checkpoint")
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the {tokenizer.name} tokenizer has {tokenizer.vocab_size} tokens, "
                          f"more than the model's vocab_size={model.config.vocab_size}")

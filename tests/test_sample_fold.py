@@ -526,6 +526,21 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys):
                                 f"{run_dir / 'ckpt.pt'}\n"
 
 
+def test_weights_that_are_not_finite_are_one_line(tmp_path, capsys):
+    """A checkpoint holding a nan (or inf) weight is refused as it loads, naming one such weight, at any temperature:
+    not NUL bytes printed at temperature 0, nor torch.multinomial's error when sampling."""
+    path = write_ckpt(tmp_path / "ckpt.pt")
+    ckpt = load_checkpoint(path)
+    ckpt["model"]["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("inf")
+    save_checkpoint(ckpt, path)
+    for temperature in ("0", "1.0"):
+        code, out, err = run(sample, ["--ckpt", path, f"--temperature={temperature}", "--num_samples=1",
+                                      "--max_new_tokens=4"], capsys)
+        assert code == 1 and out == "" and err == (
+            f"error: {path} holds weights that are not finite (transformer.h.1.mlp.c_fc.weight, maybe more): the run "
+            "that wrote it diverged, or the file was changed; use another checkpoint\n"), err
+
+
 def test_unknown_tokenizer_is_one_line(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", tokenizer="klingon")
     code, _, err = run(sample, ["--ckpt", ckpt], capsys)
