@@ -245,7 +245,7 @@ def sampling_problem(temperature=None, top_k=None, top_p=None):
     takes)`, or None where nothing is."""
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool)
-    if temperature is not None and not (number(temperature) and temperature >= 0):
+    if temperature is not None and not (number(temperature) and 0 <= temperature < math.inf):  # (inf: uniform)
         return f"temperature={temperature!r} (0 for greedy, more to sample)"
     if top_k is not None and not (number(top_k) and float(top_k).is_integer() and top_k >= 0):
         return f"top_k={top_k!r} (a count of tokens, 0 for all)"

@@ -96,7 +96,9 @@ def configure(defaults, argv, script):
                 with open(arg, encoding="utf-8") as f:  # Python source is UTF-8
                     source = f.read()
             except OSError as e:
-                die(f"cannot read config file {arg} ({e.strerror})", 2)
+                key = arg.lstrip("-").split("=")[0]
+                meant = f": did you mean --{arg.lstrip('-')}?" if "=" in arg and key in defaults else ""  # (n_layer=2)
+                die(f"cannot read config file {arg} ({e.strerror}){meant}", 2)
             except UnicodeDecodeError:  # binary: most likely `python train.py out/ckpt.pt`, meant as init_from
                 die(f"{arg} is not a Python config file (a checkpoint? pass it as --init_from={arg})", 2)
             namespace = {}

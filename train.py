@@ -11,6 +11,7 @@ Started by torchrun it trains with DDP (NCCL on GPUs, gloo on CPUs), on any numb
 filesystem (data/ and out_dir).
 """
 
+import difflib
 import inspect
 import json
 import math
@@ -235,7 +236,10 @@ if dataset == "pydocs":
     once_per_node(prepare_pydocs, rank, local_rank, barrier)
 if not (data_dir / "meta.json").exists():
     how = f"python prepare.py {dataset}" if dataset in DATASETS and dataset != "text" else f"python prepare.py <name> --out {data_dir}"
-    die(f"no dataset at {data_dir} (no meta.json): prepare it first with `{how}` (see python prepare.py --help)")
+    prepared = [meta.parent.name for meta in DATA_ROOT.glob("*/meta.json")]  # (a misspelt name: the likely one)
+    near = difflib.get_close_matches(dataset, [*DATASETS, *prepared], n=1) if "/" not in dataset else []
+    meant = f"did you mean --dataset={near[0]}? Else " if near else ""
+    die(f"no dataset at {data_dir} (no meta.json): {meant}prepare it first with `{how}` (see python prepare.py --help)")
 try:
     meta = load_meta(data_dir)
     data = {split: [read_shard(p) for p in find_shards(data_dir, split)] for split in ("train", "val")}

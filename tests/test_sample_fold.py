@@ -550,6 +550,7 @@ def test_unknown_tokenizer_is_one_line(tmp_path, capsys):
 def test_bad_options_and_prompt_files_are_one_line(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt")
     for option, problem in (("--temperature=nan", "--temperature=nan (0 for greedy, more to sample)"),
+                            ("--temperature=inf", "--temperature=inf (0 for greedy, more to sample)"),
                             ("--top_k=-3", "--top_k=-3 (a count of tokens, 0 for all)"),
                             ("--num_samples=-1", "--num_samples and --max_new_tokens must be 0 or more")):
         code, _, err = run(sample, ["--ckpt", ckpt, option], capsys)

@@ -945,6 +945,9 @@ def bad_inputs(data, tmp_path):
         "nan learning rate": ([nan_config], "learning_rate=nan must not be negative"),
         "infinite learning rate": (["--learning_rate=1e999"], "learning_rate=inf must be finite"),
         "empty out_dir": (["--out_dir="], "out_dir is empty (an unset shell variable in --out_dir=$DIR?)"),
+        "misspelt dataset": (["--dataset=shakespear"], "(no meta.json): did you mean --dataset=shakespeare? Else prepare"),
+        "a setting without its dashes": (["n_layer=3"], "cannot read config file n_layer=3 (No such file or directory): "
+                                                        "did you mean --n_layer=3?"),
     }
 
 
