@@ -29,8 +29,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from common import (MAX_SEED, NonFiniteLosses, ReaderMayLeave, allow_tf32, autocast, bind_device, cannot_write, die, first_line, hms,
-                    lock_folder, once_per_node, peak_flops, process_group_options, provenance, resolve_device, resolve_dtype, routing_summary)
+from common import (MAX_SEED, NonFiniteLosses, ReaderMayLeave, allow_tf32, autocast, bind_device, cannot_write, die,
+                    first_line, hms, lock_folder, once_per_node, peak_flops, process_group_options, provenance,
+                    resolve_device, resolve_dtype, routing_summary)
 from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
                         load_gpt2, load_state_into, save_checkpoint)
 from download import DownloadError
