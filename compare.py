@@ -26,8 +26,9 @@ Options:
   --eval_tasks=T,U  score every finished run with eval.py on these lm-evaluation-harness tasks (pip
                   install lm-eval): each metric becomes a column, paired across seeds like val loss;
                   --eval_limit=N scores only the first N examples of each task, --eval_include_path=DIR
-                  adds task YAMLs of your own. A run already scored on the same tasks and limit keeps its
-                  scores (run_dir/ckpt.eval.json; --publish copies it beside the run's log)
+                  adds task YAMLs of your own (a task eval.py does not know stops the grid before it
+                  starts). A run already scored on the same tasks and limit keeps its scores
+                  (run_dir/ckpt.eval.json; --publish copies it beside the run's log)
 Every other --key=value goes to train.py, for every run (python train.py --help lists them); all are
 read as train.py reads its own, so a wrong key or value stops the grid before it starts.
 
@@ -553,8 +554,12 @@ def parse_args(argv):
             raise ValueError(f"--{key}={options[key]}: use a positive integer")
     if options["eval_limit"] < 0:
         raise ValueError(f"--eval_limit={options['eval_limit']}: use a positive number of examples, or 0 for all")
+    if options["eval_tasks"] and not eval_task_names(options):
+        raise ValueError(f"--eval_tasks={options['eval_tasks']} names no task: give one or more, e.g. --eval_tasks=hellaswag,piqa")
     if options["eval_tasks"] and importlib.util.find_spec("lm_eval") is None:  # before any training, not after it
         raise ValueError("--eval_tasks scores the runs with lm-evaluation-harness, which is not installed: pip install lm-eval")
+    if options["eval_tasks"] and not options["report"]:  # (--report=True scores nothing)
+        check_tasks(eval_task_names(options), options["eval_include_path"])
     if options["sweep"]:
         key, sep, values = options["sweep"].partition("=")
         values = [v for v in values.split(",") if v]
@@ -846,6 +851,22 @@ def estimate_run_s(config, name, passthrough, env):
     return max(wall - PROBE_ITERS * step_s, 0) + (max_iters + eval_steps) * step_s
 
 
+def eval_task_names(options):
+    """--eval_tasks as a list, each task once, as eval.py reads (and records) its --tasks."""
+    return list(dict.fromkeys(t for t in options["eval_tasks"].split(",") if t))
+
+
+def check_tasks(tasks, include_path):
+    """eval.py's own check of its task names and --include_path, made before the grid trains: found by
+    eval.py after it, a mistyped task would cost the whole grid's training first. A ValueError with
+    eval.py's message, its option named as compare.py's."""
+    from eval import task_manager  # (lm-eval is installed: parse_args checked)
+    try:
+        task_manager(tasks, include_path or None)
+    except ValueError as e:
+        raise ValueError(str(e).replace("--include_path=", "--eval_include_path=")) from None
+
+
 def evaluated(run_dir, tasks, limit):
     """Whether the run holds eval.py's scores for exactly these tasks and limit (None: all examples)."""
     try:
@@ -859,7 +880,7 @@ def evaluate_runs(plan, runs_dir, options, env, publish):
     """eval.py on the checkpoint of every finished run of the plan not yet scored on options' tasks, one
     run at a time (eval.py batches its work itself), its output in run_dir/eval.log; a published run gets
     its scores published beside its log."""
-    tasks = list(dict.fromkeys(t for t in options["eval_tasks"].split(",") if t))  # as eval.py records them
+    tasks = eval_task_names(options)
     limit = options["eval_limit"] or None
     runs = [(n, s) for n, s in plan if finished(read_log(runs_dir / n / f"seed{s}"))]
     todo = [(n, s) for n, s in runs if not evaluated(runs_dir / n / f"seed{s}", tasks, limit)]

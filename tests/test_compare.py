@@ -163,7 +163,8 @@ def test_grid_options_that_would_mix_or_lose_runs_are_refused(capsys):
                "--sweep: out_dir cannot be swept": ["--sweep=out_dir=a,b"],
                "--sweep=n_layer=2,4,2: 2 and 2 are the same value": ["--sweep=n_layer=2,4,2"],
                "--sweep=learning_rate=1e-3,0.001: 1e-3 and 0.001 are the same value": ["--sweep=learning_rate=1e-3,0.001"],
-               "--sweep=dataset=data/a,b: a value with a '/'": ["--sweep=dataset=data/a,b"]}
+               "--sweep=dataset=data/a,b: a value with a '/'": ["--sweep=dataset=data/a,b"],
+               "--eval_tasks=, names no task: give one or more": ["--eval_tasks=,"]}
     for message, argv in refused.items():
         with pytest.raises(ValueError, match=f"^{message}"):
             compare.parse_args(argv)
@@ -928,6 +929,22 @@ def test_eval_tasks_score_every_finished_run(tmp_path, capsys, monkeypatch):
     logs = {p: p.stat().st_mtime_ns for p in runs.rglob("eval.log")}
     compare.main(argv)
     assert "scoring" not in capsys.readouterr().out and {p: p.stat().st_mtime_ns for p in logs} == logs
+
+def test_eval_tasks_and_include_path_are_checked_before_any_run(tmp_path, monkeypatch):
+    """A task eval.py does not know, or an --eval_include_path that is no folder, is eval.py's one-line error
+    (with compare.py's option name) before anything runs: it used to come after the whole grid had trained."""
+    pytest.importorskip("lm_eval", reason="--eval_tasks runs lm-evaluation-harness: pip install lm-eval")
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: pytest.fail("a timing probe ran"))
+    argv = [f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1"]
+    with pytest.raises(ValueError, match=r"^unknown task 'hellaswagg' \(did you mean hellaswag, .*\): `lm-eval ls tasks` "
+                                         "lists the harness's tasks; --eval_include_path=DIR adds task YAMLs of your own$"):
+        compare.main(argv + ["--eval_tasks=hellaswagg"])
+    run = subprocess.run([sys.executable, str(ROOT / "compare.py"), *argv, "--eval_tasks=tiny_choice",
+                          "--eval_include_path=nowhere"], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, **ONE_THREAD})
+    assert run.returncode == 1 and run.stderr == "error: --eval_include_path=nowhere: no such folder\n", run.stderr
+    assert not (tmp_path / "compare" / "runs").exists()
+
 
 def test_a_run_is_scored_again_only_for_other_tasks_or_another_limit(tmp_path):
     """eval.py's scores are kept when they are for the same tasks and limit (--eval_limit=0: all examples,
