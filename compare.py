@@ -30,7 +30,8 @@ Options:
                   starts). A run already scored on the same tasks and limit keeps its scores
                   (run_dir/ckpt.eval.json; --publish copies it beside the run's log)
 Every other --key=value goes to train.py, for every run (python train.py --help lists them); all are
-read as train.py reads its own, so a wrong key or value stops the grid before it starts.
+read as train.py reads its own, so a wrong key or value stops the grid before it starts, and so do
+eval_only=True and init_from=resume: compare.py trains each run itself, and resumes an unfinished one.
 
 A run name is what the run changes: `standard`, `<mode>/res_blocks=N` (attnres, delta, rd),
 `rd_fixedv/res_blocks=N` (rd whose value route never learns: the RD paper's control),
@@ -108,6 +109,9 @@ GRIDS["all"] = list(dict.fromkeys(GRIDS["residual"] + GRIDS["lowrank"]))
 PARENTS = {"rd": ["attnres"], "delta": ["attnres"], "rd_fixedv": ["rd", "attnres"], "dlr": ["lowrank"]}
 RUN_KEYS = ("residual", "res_blocks", "fixed_value_route", "lowrank_rank", "dlr",
             "wandb_run_name")  # set by each run, not on the command line
+# train.py settings that would take a run out of compare.py's hands: it trains each run itself, and a rerun
+# of the same command resumes an unfinished one from its checkpoint
+NOT_PASSED_ON = {"eval_only": True, "init_from": "resume"}
 PROBE_ITERS = 10  # iterations of the timing probe that makes the up-front estimate
 TRAIN = Path(__file__).resolve().parent / "train.py"
 EVAL = TRAIN.parent / "eval.py"
@@ -548,7 +552,13 @@ def parse_args(argv):
         if arg.startswith("--") and (key in RUN_KEYS or key == "seed"):
             raise ValueError(f"--{key} is set by each run; choose runs with --runs (e.g. --runs=delta/res_blocks=2,dlr/rank=16)"
                              if key != "seed" else "--seed: use --seeds=N, the runs use seeds 0..N-1")
-    configurator.configure(TRAIN_DEFAULTS, rest, str(TRAIN))  # train.py's keys and values, checked now
+    settings = configurator.configure(TRAIN_DEFAULTS, rest, str(TRAIN))[0]  # train.py's keys and values, checked now
+    for key, value in NOT_PASSED_ON.items():  # (a config file may set them too)
+        if settings[key] == value:
+            given = (f"--{key}={value}" if any(a.startswith(f"--{key}=") for a in rest)
+                     else f"{key}={value!r} in {configs[0]}")
+            raise ValueError(f"{given}: compare.py trains each run itself, and resumes an unfinished one from its "
+                             "checkpoint when the same command runs again: drop it")
     for key in ("seeds", "jobs"):
         if options[key] < 1:
             raise ValueError(f"--{key}={options[key]}: use a positive integer")
@@ -576,6 +586,10 @@ def parse_args(argv):
             raise ValueError(f"--{key} is swept: give its values in --sweep only")
         configurator.configure(TRAIN_DEFAULTS, [f"--{key}={v}" for v in values], str(TRAIN))  # each value checked
         parsed = [configurator.read_value(key, v, TRAIN_DEFAULTS) for v in values]
+        if key in NOT_PASSED_ON and NOT_PASSED_ON[key] in parsed:
+            raise ValueError(f"--sweep={options['sweep']} has {key}={NOT_PASSED_ON[key]}, but compare.py trains each run "
+                             "itself, and resumes an unfinished one from its checkpoint when the same command runs "
+                             "again: drop that value")
         for i, value in enumerate(parsed):  # a value twice would train its runs twice, at once in one folder with --jobs
             if value in parsed[:i]:
                 raise ValueError(f"--sweep={options['sweep']}: {values[parsed.index(value)]} and {values[i]} are "

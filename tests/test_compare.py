@@ -6,6 +6,7 @@ for every mode), resuming a grid, and a tiny end-to-end grid through train.py.
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -169,6 +170,26 @@ def test_grid_options_that_would_mix_or_lose_runs_are_refused(capsys):
         with pytest.raises(ValueError, match=f"^{message}"):
             compare.parse_args(argv)
     assert compare.parse_args([config, "--seeds=1", "--jobs=1"])[:2] == (config, dict(compare.OPTIONS, seeds=1))
+
+
+def test_settings_that_would_not_train_the_runs_are_refused(tmp_path):
+    """eval_only=True and init_from=resume, from the command line, a config file or a sweep, are refused
+    before anything runs: compare.py trains each run itself and resumes an unfinished one on a rerun (passed
+    on, eval_only ended the grid in a traceback after its first run, and resume in an error naming the timing
+    probe's temporary folder). Their other values go to train.py as any setting does."""
+    config = tmp_path / "resume.py"
+    config.write_text('init_from = "resume"\n')
+    trains_itself = "compare.py trains each run itself, and resumes an unfinished one from its checkpoint"
+    refused = {f"--eval_only=True: {trains_itself} when the same command runs again: drop it": ["--eval_only=True"],
+               f"--init_from=resume: {trains_itself}": ["--max_iters=5", "--init_from=resume"],
+               f"init_from='resume' in {config}: {trains_itself}": [str(config)],
+               f"--sweep=eval_only=False,True has eval_only=True, but {trains_itself}": ["--sweep=eval_only=False,True"],
+               f"--sweep=init_from=scratch,resume has init_from=resume, but {trains_itself}": ["--sweep=init_from=scratch,resume"]}
+    for message, argv in refused.items():
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+            compare.parse_args(argv)
+    assert compare.parse_args(["--eval_only=False", "--init_from=gpt2"])[2] == ["--eval_only=False", "--init_from=gpt2"]
+    assert compare.parse_args([str(config), "--init_from=scratch"])[2] == ["--init_from=scratch"]
 
 
 # -----------------------------------------------------------------------------
