@@ -16,11 +16,12 @@ Options:
   --jobs=N        N training runs at a time; with N > 1 each on one torch thread unless OMP_NUM_THREADS
                   is set (N = 1: torch's own default)
   --publish=DIR   copy results.md, results.json, the pictures and every finished run's log (and scores)
-                  into DIR: the runs this command trains and those an earlier one did, here or in another
-                  grid sharing the out_dir (results.md links its pictures as files next to it, so its
-                  links work in DIR too); a run whose published log has finished is taken from DIR,
-                  never trained again (one unfinished here with a checkpoint is an error: delete it to take
-                  the published run, or continue it without --publish)
+                  into DIR, a folder outside <out_dir>/compare: the runs this command trains and those an
+                  earlier one did, here or in another grid sharing the out_dir (results.md links its
+                  pictures as files next to it, so its links work in DIR too); a run whose published log
+                  has finished is taken from DIR, never trained again (one unfinished here with a
+                  checkpoint is an error: delete it to take the published run, or continue it without
+                  --publish)
   --report=True   write the results from the runs finished so far, train and evaluate nothing (with
                   --publish, publish them too)
   --eval_tasks=T,U  score every finished run with eval.py on these lm-evaluation-harness tasks (pip
@@ -714,6 +715,16 @@ def writable(folder, option):
                          "you can write")
 
 
+def outside(publish, compare_dir):
+    """A ValueError unless --publish lies outside the grid's own folder: there its copies would be the very
+    files they copy (an error after the whole grid has trained, and again at every rerun). Resolved, so a
+    relative path or a symlink into it is caught too."""
+    where, compare_dir = Path(publish).resolve(), compare_dir.resolve()
+    if where == compare_dir or compare_dir in where.parents:
+        raise ValueError(f"--publish={publish} is in the grid's own folder {compare_dir}, where it writes its runs and "
+                         "results: publish them elsewhere, e.g. --publish=docs/compare/<grid>")
+
+
 def run_env(jobs):
     """The train.py processes' environment: this one's, with one torch thread each when several run at
     once on a machine's cores (unless OMP_NUM_THREADS says otherwise)."""
@@ -951,6 +962,7 @@ def main(argv):
     writable(compare_dir, "out_dir")  # now, not after a timing probe or hours of training
     if publish:
         writable(publish, "publish")
+        outside(publish, compare_dir)
 
     # value by value, seed by seed: each value's comparison completes before the next (costlier) one starts
     points = list(dict.fromkeys(split_point(n)[0] for n in names))

@@ -909,6 +909,20 @@ def test_an_output_folder_that_cannot_be_written_stops_the_grid_at_once(tmp_path
     assert not (tmp_path / "compare" / "results.md").exists()
 
 
+def test_publish_into_the_grids_own_folder_is_refused_before_any_run(tmp_path, monkeypatch):
+    """--publish in <out_dir>/compare, where the runs and results it would copy lie, is a one-line error before
+    anything runs, however the path is spelled (relative, through a symlink): it used to train the grid, then
+    fail copying each file onto itself, and again at every rerun."""
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: pytest.fail("a timing probe ran"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "compare", target_is_directory=True)
+    for publish in (tmp_path / "compare", "compare", "./compare/../compare/pub", tmp_path / "link" / "runs"):
+        with pytest.raises(ValueError, match=f"^--publish={re.escape(str(publish))} is in the grid's own folder "
+                                             f"{re.escape(str(tmp_path / 'compare'))}, .*: publish them elsewhere"):
+            compare.main([f"--out_dir={tmp_path}", "--runs=standard", "--seeds=1", f"--publish={publish}"])
+    assert not (tmp_path / "compare" / "runs").exists()
+
+
 def test_a_write_that_fails_mid_grid_is_one_line(tmp_path):
     """A file compare.py cannot write once it has begun (a full disk; here results.md taken by a folder)
     ends it with one line naming the file, not a traceback."""
