@@ -188,15 +188,18 @@ def slug(name):
 # reading the logs
 
 def read_log(run_dir):
-    """The events of run_dir/log.jsonl (an empty list if there is none); a half-written last line is skipped."""
+    """The events of run_dir/log.jsonl (an empty list if there is none); a half-written last line, or any
+    line that is no JSON object, is skipped."""
     path = Path(run_dir) / "log.jsonl"
     events = []
     if path.exists():
         for line in path.read_text().splitlines():
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except ValueError:
-                pass
+                continue
+            if isinstance(event, dict):
+                events.append(event)
     return events
 
 
@@ -207,14 +210,53 @@ def finished(events):
 
 def run_record(events):
     """What the aggregation needs from one finished run's log: its final val loss, time, val curve,
-    routing at the last eval, and the commit and machine that trained it (from its `start` event)."""
+    routing at the last eval, and the commit and machine that trained it (from its `start` event).
+    A value the log lacks is None here: record_problem says what is wrong."""
     done = finished(events)
     evals = [e for e in events if e.get("event") == "eval"]
     routing = evals[-1].get("routing") if evals else None
     start = next((e for e in events if e.get("event") == "start"), {})
     machine = f"{start['device_name']}, torch {start.get('torch')}" if start.get("device_name") else None
-    return dict(val_loss=done["val_loss"], elapsed_s=done.get("elapsed_s"), commit=start.get("commit"),
-                machine=machine, curve=[(e["iter"], e["val_loss"]) for e in evals], routing=routing or None)
+    return dict(val_loss=done.get("val_loss"), elapsed_s=done.get("elapsed_s"), commit=start.get("commit"),
+                machine=machine, curve=[(e.get("iter"), e.get("val_loss")) for e in evals], routing=routing or None)
+
+
+def number(x):
+    """Whether x is a number as JSON gives one (None, text and bools are not)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def routing_problem(routing):
+    """What keeps one eval's routing (model.last_routing, as a log holds it) out of the routing columns
+    and pictures, or None: every route needs its source weights, a route that chooses among them its max
+    weight and entropy, all numbers."""
+    if not isinstance(routing, dict) or not all(isinstance(route, dict) for route in routing.values()):
+        return "its last eval's routing is not one entry per route"
+    for name, route in routing.items():
+        weights = route.get("weights")
+        if not isinstance(weights, list) or not weights or not all(map(number, weights)):
+            return f"its last eval's routing has no weights for {name}"
+        if ("max_weight" in route) != ("entropy" in route) or not all(
+                number(route[k]) for k in ("max_weight", "entropy", "js_qk_v") if k in route):
+            return f"its last eval's routing of {name} lacks a number for its max_weight or entropy"
+    if not routing_summary(routing):
+        return "its last eval's routing has no route with a max_weight and an entropy"
+    return None
+
+
+def record_problem(record):
+    """What in a finished run's record (run_record) the tables and pictures cannot read, or None. train.py
+    writes no such log, but one edited, or cut and pasted, by hand may be: found here, it is one line that
+    names the file, not a traceback from deep in the statistics."""
+    if not number(record["val_loss"]):
+        return f"its done event has val_loss={record['val_loss']!r}, not a number"
+    if record["elapsed_s"] is not None and not number(record["elapsed_s"]):  # (without one: no time in the table)
+        return f"its done event has elapsed_s={record['elapsed_s']!r}, not a number"
+    if not all(number(it) and number(val) for it, val in record["curve"]):
+        return "an eval event lacks a number for its iter or val_loss"
+    if record["commit"] is not None and not isinstance(record["commit"], str):
+        return f"its start event has commit={record['commit']!r}, not a git commit"
+    return routing_problem(record["routing"]) if record["routing"] is not None else None
 
 
 def eval_file(run_dir):
@@ -224,22 +266,54 @@ def eval_file(run_dir):
 
 def read_scores(run_dir):
     """The run's downstream scores, {"task/metric": (value, higher_is_better)}, from eval.py's file in
-    run_dir ({} where there is none)."""
-    try:
-        return task_scores(json.loads(eval_file(run_dir).read_text())["harness"])
-    except (OSError, ValueError, KeyError):
+    run_dir ({} where there is none). A file that is not eval.py's (damaged, or edited by hand) is a
+    ValueError that names it, rather than a run silently left out of the scores table."""
+    path = eval_file(run_dir)
+    if not path.exists():
         return {}
+    rescore = "delete it and run the grid's command again (with --eval_tasks, eval.py scores the run again)"
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not eval.py's scores (not JSON: {e}): {rescore}") from None
+    try:
+        return task_scores(record["harness"])
+    except (KeyError, TypeError, AttributeError):  # {}, [], results of another shape
+        raise ValueError(f"{path} is not eval.py's scores (no harness results in it): {rescore}") from None
 
 
-def load_records(runs_dir, names, seeds):
-    """{name: {seed: record}} for every finished run of the grid, with its downstream scores if it has some."""
+def routing_shape(routing):
+    """A routing's routes and the number of sources of each: what the seeds of one run share."""
+    return tuple((name, len(route["weights"]), "max_weight" in route) for name, route in routing.items())
+
+
+def load_records(runs_dir, names, seeds, publish=None, scores=True):
+    """{name: {seed: record}} for every finished run of the grid, with its downstream scores if it has some
+    (scores=False: none read, for scores eval.py is about to write again). A log the tables and pictures
+    cannot read (record_problem), or seeds of one run whose routings differ in shape, is a ValueError that
+    names the file and says to train the run again (its copy in publish, if it has one, deleted too)."""
     records = {}
     for name in names:
+        logs = {}  # routing shape -> the first log that has it
         for seed in seeds:
             run_dir = Path(runs_dir) / name / f"seed{seed}"
             events = read_log(run_dir)
-            if finished(events):
-                records.setdefault(name, {})[seed] = dict(run_record(events), scores=read_scores(run_dir))
+            if not finished(events):
+                continue
+            record = run_record(events)
+            problem = record_problem(record)
+            if problem:
+                published = Path(publish) / "runs" / name / f"seed{seed}" if publish else None
+                copy = f" and {published}" if published and published.exists() else ""
+                raise ValueError(f"{run_dir / 'log.jsonl'} is damaged ({problem}): delete {run_dir}{copy} and run the "
+                                 "grid's command again to retrain the run")
+            if record["routing"]:
+                logs.setdefault(routing_shape(record["routing"]), run_dir / "log.jsonl")
+                if len(logs) > 1:
+                    raise ValueError(f"{' and '.join(map(str, logs.values()))} hold routings of other routes or sources, "
+                                     "though the seeds of one run route alike: one is damaged; delete its run's folder "
+                                     "and run the grid's command again to retrain the run")
+            records.setdefault(name, {})[seed] = dict(record, scores=read_scores(run_dir) if scores else {})
     return records
 
 
@@ -893,12 +967,14 @@ def check_tasks(tasks, include_path):
 
 
 def evaluated(run_dir, tasks, limit):
-    """Whether the run holds eval.py's scores for exactly these tasks and limit (None: all examples)."""
+    """Whether the run holds eval.py's scores for exactly these tasks and limit (None: all examples); a
+    file that is not eval.py's (read_scores refuses it) holds none: eval.py scores the run again."""
     try:
         record = json.loads(eval_file(run_dir).read_text())
+        read_scores(run_dir)
     except (OSError, ValueError):
         return False
-    return record.get("tasks") == tasks and record.get("limit") == limit
+    return isinstance(record, dict) and record.get("tasks") == tasks and record.get("limit") == limit
 
 
 def evaluate_runs(plan, runs_dir, options, env, publish):
@@ -997,6 +1073,9 @@ def main(argv):
             if still_training(run_dir):  # never its folder deleted under it, nor a second train.py started there
                 raise ValueError(f"a train.py is still running in {run_dir} (one an earlier compare.py, killed, left "
                                  "running?): let it finish or stop it, then run the same command again")
+    # a finished run's log or scores the tables cannot read stops the grid now, not after its training (with
+    # --eval_tasks, eval.py scores again a run whose scores file is damaged: not read here)
+    load_records(runs_dir, names, seeds, publish, scores=not options["eval_tasks"] or options["report"])
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:
@@ -1075,7 +1154,7 @@ def main(argv):
     if publish:  # every finished run, the ones an earlier command trained too: the published results are made of them
         publish_runs(plan, runs_dir, publish)
 
-    records = load_records(runs_dir, names, seeds)
+    records = load_records(runs_dir, names, seeds, publish)
     command = "python compare.py " + " ".join(a for a in argv if not a.startswith("--report="))  # the command that trains them
     max_iters = settings["max_iters"] if not sweep or sweep[0] != "max_iters" else "/".join(sweep[1])
     results = write_results(compare_dir, records, names, seeds,

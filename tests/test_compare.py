@@ -990,6 +990,11 @@ def test_a_run_is_scored_again_only_for_other_tasks_or_another_limit(tmp_path):
     assert compare.evaluated(runs / "standard" / "seed0", ["tiny_choice"], None)
     assert not compare.evaluated(runs / "standard" / "seed0", ["tiny_choice"], 3)
     assert not compare.evaluated(runs / "standard" / "seed0", ["tiny_choice", "tiny_rolling"], None)
+    scores = (runs / "standard" / "seed0" / "ckpt.eval.json").read_text()
+    for damaged in ('{"tasks": ["tiny_choice"], "limit": null, "harness": {"results": "x"}}', "[]"):
+        (runs / "standard" / "seed0" / "ckpt.eval.json").write_text(damaged)  # not eval.py's: scored again
+        assert not compare.evaluated(runs / "standard" / "seed0", ["tiny_choice"], None)
+    (runs / "standard" / "seed0" / "ckpt.eval.json").write_text(scores)
     options = dict(compare.OPTIONS, eval_tasks="tiny_choice", eval_limit=0)
     compare.evaluate_runs([("standard", 0)], runs, options, {}, None)  # scored: nothing to run
     for other in (dict(eval_limit=3), dict(eval_tasks="tiny_choice,tiny_rolling")):
@@ -1007,6 +1012,82 @@ def test_report_publishes_only_the_finished_runs(tmp_path, capsys):
     assert "1 done, 2 to train" in capsys.readouterr().out
     assert sorted(p.name for p in (published / "runs" / "standard").iterdir()) == ["seed0"]
     assert compare.finished(compare.read_log(published / "runs" / "standard" / "seed0"))
+
+
+def test_a_damaged_log_or_scores_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    """A finished run's log.jsonl or ckpt.eval.json that the tables cannot read (edited or damaged by hand)
+    is one line that names the file and says what to do, with --report=True and on a rerun alike, and
+    before any run trains: not a traceback (KeyError, TypeError, AttributeError) from the statistics."""
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: pytest.fail("a timing probe ran"))
+    monkeypatch.setattr(compare, "launch", lambda *a, **k: pytest.fail("a run trained"))
+    routings = [routing_of("delta", seed=s) for s in range(2)]
+
+    def grid(case):
+        """A finished delta grid of two seeds in its own out_dir."""
+        out = tmp_path / case
+        for name in ("standard", "delta/res_blocks=0"):
+            for seed in range(2):
+                write_log(out / "compare" / "runs" / name / f"seed{seed}", [3.0, 2.0 - 0.1 * (name != "standard")],
+                          routings[seed] if name != "standard" else None)
+        return out, out / "compare" / "runs" / "delta/res_blocks=0" / "seed0"
+
+    def edit(run_dir, change, event="done"):
+        """change(event) on the run's last event of that kind, in its log."""
+        events = compare.read_log(run_dir)
+        change(next(e for e in reversed(events) if e["event"] == event))
+        (run_dir / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    def refused(out, message, extra=()):
+        """The grid in out refused with message: reported, rerun, and rerun with a third seed to train (which
+        the damage stops before its timing probe)."""
+        for args in (["--seeds=2", "--report=True"], ["--seeds=2"], ["--seeds=3"]):
+            with pytest.raises(ValueError, match=message):
+                compare.main([f"--out_dir={out}", "--runs=delta", *args, *extra])
+        assert not (out / "compare" / "results.md").exists()
+
+    logs = {"no val_loss": (lambda e: e.pop("val_loss"), "done", "its done event has val_loss=None, not a number"),
+            "null val_loss": (lambda e: e.update(val_loss=None), "done", "its done event has val_loss=None, not a number"),
+            "text val_loss": (lambda e: e.update(val_loss="2.0"), "done", "its done event has val_loss='2.0', not a number"),
+            "text elapsed_s": (lambda e: e.update(elapsed_s="10"), "done", "its done event has elapsed_s='10', not a number"),
+            "eval without val_loss": (lambda e: e.pop("val_loss"), "eval", "an eval event lacks a number for its iter or val_loss"),
+            "empty route": (lambda e: e["routing"].update({"L1.mlp": {}}), "eval", "its last eval's routing has no weights for L1.mlp"),
+            "text max_weight": (lambda e: e["routing"]["L1.mlp"].update(max_weight="high"), "eval",
+                                "its last eval's routing of L1.mlp lacks a number for its max_weight or entropy"),
+            "routing list": (lambda e: e.update(routing=[1, 2]), "eval", "its last eval's routing is not one entry per route")}
+    for case, (change, event, problem) in logs.items():
+        out, run_dir = grid(case)
+        edit(run_dir, change, event)
+        refused(out, f"^{re.escape(str(run_dir / 'log.jsonl'))} is damaged \\({re.escape(problem)}\\): delete "
+                     f"{re.escape(str(run_dir))} and run the grid's command again to retrain the run$")
+
+    out, run_dir = grid("other routes")  # each log readable, but the seeds of one run route over other sources
+    edit(run_dir.parent / "seed1", lambda e: e["routing"].pop("L0.attn"), "eval")
+    refused(out, f"^{re.escape(str(run_dir / 'log.jsonl'))} and {re.escape(str(run_dir.parent / 'seed1' / 'log.jsonl'))} "
+                 "hold routings of other routes or sources")
+
+    out, run_dir = grid("published")  # a run published before: its copy goes too
+    published = out / "pub" / "runs" / "delta/res_blocks=0" / "seed0"
+    compare.publish_run(run_dir, published)
+    edit(run_dir, lambda e: e.update(val_loss=None))
+    refused(out, f"delete {re.escape(str(run_dir))} and {re.escape(str(published))} and run", [f"--publish={out / 'pub'}"])
+
+    for i, (damaged, why) in enumerate((('{"harness": {"results": "x"}}', "no harness results in it"),
+                                        ("[]", "no harness results in it"), ("{", "not JSON: "))):
+        out, run_dir = grid(f"scores{i}")
+        compare.eval_file(run_dir).write_text(damaged)
+        refused(out, f"^{re.escape(str(compare.eval_file(run_dir)))} is not eval.py's scores \\({re.escape(why)}.*\\): "
+                     "delete it and run the grid's command again \\(with --eval_tasks, eval.py scores the run again\\)$")
+
+    out, run_dir = grid("not an object")  # a line of another JSON value is skipped, as a cut one is
+    (run_dir / "log.jsonl").write_text((run_dir / "log.jsonl").read_text() + "3\n")
+    results = compare.main([f"--out_dir={out}", "--runs=delta", "--seeds=2", "--report=True"])
+    assert set(results["runs"]["delta/res_blocks=0"]["val_loss"]) == {0, 1}
+
+    out, run_dir = grid("one line")
+    edit(run_dir, lambda e: e.pop("val_loss"))
+    run = subprocess.run([sys.executable, str(ROOT / "compare.py"), f"--out_dir={out}", "--runs=delta", "--seeds=2",
+                          "--report=True"], capture_output=True, text=True, env={**os.environ, **ONE_THREAD})
+    assert run.returncode == 1 and run.stderr.count("\n") == 1 and run.stderr.startswith(f"error: {run_dir / 'log.jsonl'} is damaged")
 
 
 # -----------------------------------------------------------------------------
