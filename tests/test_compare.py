@@ -965,6 +965,7 @@ def test_eval_tasks_score_every_finished_run(tmp_path, capsys, monkeypatch):
     compare.main(argv)
     assert "scoring" not in capsys.readouterr().out and {p: p.stat().st_mtime_ns for p in logs} == logs
 
+
 def test_eval_tasks_and_include_path_are_checked_before_any_run(tmp_path, monkeypatch):
     """A task eval.py does not know, or an --eval_include_path that is no folder, is eval.py's one-line error
     (with compare.py's option name) before anything runs: it used to come after the whole grid had trained."""
