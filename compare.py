@@ -639,6 +639,9 @@ def parse_args(argv):
             raise ValueError(f"--{key}={options[key]}: use a positive integer")
     if options["eval_limit"] < 0:
         raise ValueError(f"--eval_limit={options['eval_limit']}: use a positive number of examples, or 0 for all")
+    for key in ("eval_limit", "eval_include_path"):  # (without tasks nothing is scored: the option would do nothing)
+        if options[key] and not options["eval_tasks"]:
+            raise ValueError(f"--{key} says how --eval_tasks scores the runs: add --eval_tasks=T,U or drop it")
     if options["eval_tasks"] and not eval_task_names(options):
         raise ValueError(f"--eval_tasks={options['eval_tasks']} names no task: give one or more, e.g. --eval_tasks=hellaswag,piqa")
     if options["eval_tasks"] and importlib.util.find_spec("lm_eval") is None:  # before any training, not after it

@@ -165,7 +165,9 @@ def test_grid_options_that_would_mix_or_lose_runs_are_refused(capsys):
                "--sweep=n_layer=2,4,2: 2 and 2 are the same value": ["--sweep=n_layer=2,4,2"],
                "--sweep=learning_rate=1e-3,0.001: 1e-3 and 0.001 are the same value": ["--sweep=learning_rate=1e-3,0.001"],
                "--sweep=dataset=data/a,b: a value with a '/'": ["--sweep=dataset=data/a,b"],
-               "--eval_tasks=, names no task: give one or more": ["--eval_tasks=,"]}
+               "--eval_tasks=, names no task: give one or more": ["--eval_tasks=,"],
+               "--eval_limit says how --eval_tasks scores the runs: add --eval_tasks=T,U or drop it": ["--eval_limit=5"],
+               "--eval_include_path says how --eval_tasks scores": ["--eval_include_path=tasks"]}
     for message, argv in refused.items():
         with pytest.raises(ValueError, match=f"^{message}"):
             compare.parse_args(argv)
