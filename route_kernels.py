@@ -90,6 +90,9 @@ MAX_TOKENS = 2 ** 30  # token indices are int32, and a pair's second lse row sta
 
 
 MIN_CAPABILITY = (7, 0)  # Triton compiles for Volta and newer; a P100 (6.0), say, takes the plain route
+# the compute capabilities (times ten) of NVIDIA's GPUs from Volta on: --compile_for takes these only, as
+# LLVM aborts the process on a number that names no GPU (95, say)
+CUDA_CAPABILITIES = (70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
 
 
 def available(device):
@@ -696,7 +699,10 @@ def _cuobjdump(cubin, *flags):
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        return subprocess.run([tool, *flags, path], capture_output=True, text=True, check=True).stdout
+        run = subprocess.run([tool, *flags, path], capture_output=True, text=True)
+        if run.returncode:  # (this cuobjdump does not read every architecture ptxas writes, e.g. sm_70)
+            raise RuntimeError(f"cuobjdump cannot read this machine code: {(run.stderr.strip() or '?').splitlines()[0]}")
+        return run.stdout
 
 
 def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=False, tokens=16 * 1024, sass_dir=None):
@@ -723,8 +729,12 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
     start = time.perf_counter()
     types = _signature(kernel, constants, source_type, constants["NB"])
     attrs = _launch_specialisation(kernel, types, dict(m=m, n_tokens=tokens))
-    compiled = triton.compile(ASTSource(kernel, types, constants, attrs), target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=num_warps))
+    try:
+        compiled = triton.compile(ASTSource(kernel, types, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                                  options=dict(num_warps=num_warps))
+    except Exception as e:  # ptxas or the backend refusing a real architecture (say sm_101, renamed sm_110 in CUDA 13)
+        raise RuntimeError(f"Triton {triton.__version__} cannot compile for sm_{arch} here "
+                           f"({type(e).__name__}: {(str(e).strip() or '?').splitlines()[0]})") from None
     seconds = time.perf_counter() - start
     usage = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage")
     sass = _cuobjdump(compiled.asm["cubin"], "-sass")
@@ -815,9 +825,9 @@ if __name__ == "__main__":
         parser.error("--warm times nothing, so it writes no --json: drop one of them")
     if args.only_tiles and not (args.warm and tiles):
         parser.error("--only_tiles warms --tiles without the default tile: pass it with --warm and --tiles")
-    if args.compile_for is not None and args.compile_for < 70:  # (LLVM aborts on a number it does not know)
-        parser.error(f"--compile_for={args.compile_for}: give a CUDA compute capability times ten, 70 or more "
-                     "(80: A100; 90: H100, H200)")
+    if args.compile_for is not None and args.compile_for not in CUDA_CAPABILITIES:
+        parser.error(f"--compile_for={args.compile_for}: give a GPU's compute capability times ten, one of "
+                     f"{', '.join(map(str, CUDA_CAPABILITIES))} (80: A100; 90: H100, H200)")
     if args.sass and os.path.exists(args.sass) and not os.path.isdir(args.sass):
         parser.error(f"--sass={args.sass} is a file: give a folder for the machine code")
     if args.json:  # found unwritable only after the work, the timings would be lost

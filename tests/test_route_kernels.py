@@ -801,7 +801,8 @@ def test_fastest_tile_replaces_the_default_only_by_a_margin():
 
 
 @pytest.mark.parametrize("options,message", [
-    (["--compile_for=9"], "--compile_for=9: give a CUDA compute capability times ten, 70 or more"),
+    (["--compile_for=9"], "--compile_for=9: give a GPU's compute capability times ten, one of 70, 72,"),
+    (["--compile_for=95"], "--compile_for=95: give a GPU's compute capability times ten, one of 70, 72,"),
     (["--compile_for=90", "--sass=a_file"], "--sass=a_file is a file: give a folder"),
     (["--compile_for=90", "--json=a_file/x.json"], "cannot write --json a_file/x.json: a_file is a file, not a folder"),
     (["--json=a_file/x.json"], "cannot write --json a_file/x.json: a_file is a file, not a folder"),
@@ -939,6 +940,31 @@ def test_bf16_sources_cost_no_barriers_per_slot_over_float32(tmp_path):
     for direction in ("False", "True"):
         bf16, fp32 = barriers[f"bfloat16-{direction}"], barriers[f"float32-{direction}"]
         assert fp32 > 0 and bf16 - fp32 < kernels.bucket(5), barriers
+
+
+def test_a_toolchain_that_refuses_an_architecture_is_one_line(tmp_path):
+    """Where Triton's ptxas, or the cuobjdump beside it, cannot handle a real GPU's architecture (CUDA 13's drop
+    sm_70 and renamed sm_101), --compile_for ends in one line naming the tool and its reason, not a traceback:
+    here each fails as it would, in turn."""
+    import triton
+    if not (Path(triton.__file__).parent / "backends" / "nvidia").is_dir():
+        pytest.skip("this Triton has no NVIDIA backend (a ROCm build, say)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    failing = {"ptxas": "triton.compile = lambda *a, **k: (_ for _ in ()).throw(ValueError('ptxas: sm_101a unknown'))",
+               "cuobjdump": "import subprocess; run = subprocess.run; subprocess.run = lambda cmd, *a, **kw: "
+                            "types.SimpleNamespace(returncode=1, stderr='nvdisasm fatal : SM70 is deprecated', stdout='') "
+                            "if str(cmd[0]).endswith('cuobjdump') else run(cmd, *a, **kw)"}
+    expected = {"ptxas": f"route_kernels.py: Triton {triton.__version__} cannot compile for sm_90 here (ValueError: "
+                         "ptxas: sm_101a unknown)",
+                "cuobjdump": "route_kernels.py: cuobjdump cannot read this machine code: nvdisasm fatal : SM70 is deprecated"}
+    for tool, patch in failing.items():
+        script = (f"import runpy, sys, types, triton; {patch}; "
+                  f"sys.argv = ['route_kernels.py', '--compile_for=90', '--m=2', '--d=64']; "
+                  f"runpy.run_path({str(ROOT / 'route_kernels.py')!r}, run_name='__main__')")
+        run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 1 and run.stderr.splitlines()[-1] == expected[tool], (tool, run.stderr[-2000:])
+        assert "Traceback" not in run.stderr
 
 
 def test_compiling_for_a_gpu_asks_for_the_compiler():
