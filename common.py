@@ -74,10 +74,16 @@ class ReaderMayLeave:
             self._reader_went_away()
 
     def _reader_went_away(self):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # the rest, and the flush at exit, go there
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())  # the rest, and the flush at exit, go there
         if not self.reader_left:
             self.reader_left = True
-            sys.stderr.write(f"stdout was closed (its reader stopped): {self.then}\n")
+            try:
+                sys.stderr.write(f"stdout was closed (its reader stopped): {self.then}\n")
+                sys.stderr.flush()
+            except BrokenPipeError:  # (`2>&1 | head`: stderr was the same pipe) then it goes there too
+                os.dup2(devnull, sys.stderr.fileno())
+        os.close(devnull)
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
         return getattr(self.stream, name)

@@ -101,8 +101,8 @@ config_keys = [k for k, v in globals().items()  # (not a CONSTANT imported above
                if not k.startswith("_") and not k.isupper() and isinstance(v, (bool, int, float, str))]
 config, explicit = configurator.configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __file__)
 # -----------------------------------------------------------------------------
-if os.name != "nt":  # (`python train.py | head`: the run stops at a log line with its work saved, see agree_on_stop)
-    sys.stdout = ReaderMayLeave(sys.stdout, "the run stops at its next log line, with a checkpoint")
+if os.name != "nt" and sys.stdout is not None:  # (`python train.py | head`: see agree_on_stop; None: started >&-)
+    sys.stdout = ReaderMayLeave(sys.stdout, "training stops at its next log line, where it saves its work")
 
 # init_from=resume continues a run as it was: its settings come from its checkpoint, so `--init_from=resume
 # --out_dir=DIR` alone resumes it, whatever config file it started from. Set again, a setting takes effect
@@ -237,8 +237,9 @@ if dataset == "pydocs":
     once_per_node(prepare_pydocs, rank, local_rank, barrier)
 if not (data_dir / "meta.json").exists():
     how = f"python prepare.py {dataset}" if dataset in DATASETS and dataset != "text" else f"python prepare.py <name> --out {data_dir}"
-    prepared = [meta.parent.name for meta in DATA_ROOT.glob("*/meta.json")]  # (a misspelt name: the likely one)
-    near = difflib.get_close_matches(dataset, [*DATASETS, *prepared], n=1) if "/" not in dataset else []
+    # a name prepare.py does not know may be misspelt (shakespear): the closest of its datasets and those prepared here
+    known = sorted({*DATASETS, *(meta.parent.name for meta in DATA_ROOT.glob("*/meta.json"))})
+    near = difflib.get_close_matches(dataset, known, n=1) if dataset not in DATASETS and "/" not in dataset else []
     meant = f"did you mean --dataset={near[0]}? Else " if near else ""
     die(f"no dataset at {data_dir} (no meta.json): {meant}prepare it first with `{how}` (see python prepare.py --help)")
 try:

@@ -558,14 +558,16 @@ def test_a_signal_stops_at_a_log_line_with_a_checkpoint_that_resumes_exactly(dat
 
 
 @pytest.mark.skipif(os.name == "nt", reason="a closed pipe is SIGPIPE's case, a Unix one")
-def test_a_closed_stdout_stops_at_a_log_line_with_a_checkpoint(data, tmp_path):
-    """`python train.py | head`: once the reader is gone, the run does not die at its next print (a
-    BrokenPipeError, its work since the last checkpoint lost) but stops at its next log line with a checkpoint,
-    as on SIGTERM, says so on stderr and exits 141 (128 + SIGPIPE); resumed, it trains on."""
+@pytest.mark.parametrize("stderr_to", ["its own pipe", "the same pipe"])
+def test_a_closed_stdout_stops_at_a_log_line_with_a_checkpoint(data, tmp_path, stderr_to):
+    """`python train.py | head` (or `2>&1 | head`, stderr in the same pipe): once the reader is gone, the run does
+    not die at its next print (a BrokenPipeError, its work since the last checkpoint lost) but stops at its next
+    log line with a checkpoint, as on SIGTERM, says so on stderr where stderr has a reader, and exits 141
+    (128 + SIGPIPE); resumed, it trains on."""
     args = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--max_iters=100000", "--lr_decay_iters=100000",
             "--eval_interval=100000", "--log_interval=2"]
     process = subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE if stderr_to == "its own pipe" else subprocess.STDOUT, text=True)
     for line in process.stdout:
         if line.startswith("iter 4:"):
             break
@@ -575,10 +577,22 @@ def test_a_closed_stdout_stops_at_a_log_line_with_a_checkpoint(data, tmp_path):
     stopped = events(tmp_path, "stopped")
     assert len(stopped) == 1 and stopped[0]["signal"] == "SIGPIPE" and 4 < stopped[0]["iter"] < 100000
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == stopped[0]["iter"]
-    assert ("stdout was closed (its reader stopped): the run stops at its next log line, with a "
-            "checkpoint\n") in stderr and "Traceback" not in stderr
-    assert f"SIGPIPE: stopped at iter {stopped[0]['iter']}; {tmp_path / 'ckpt.pt'}" in stderr
+    if stderr_to == "its own pipe":
+        assert ("stdout was closed (its reader stopped): training stops at its next log line, where it saves its "
+                "work\n") in stderr and "Traceback" not in stderr
+        assert f"SIGPIPE: stopped at iter {stopped[0]['iter']}; {tmp_path / 'ckpt.pt'}" in stderr
     train(*args[:-4], f"--max_iters={stopped[0]['iter'] + 2}", "--init_from=resume", cwd=tmp_path)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="a closed file descriptor 1 is a Unix case")
+def test_a_run_started_without_stdout_trains(data, tmp_path):
+    """`python train.py >&-` (no stdout at all: Python's sys.stdout is None) trains to its end, as print does
+    nothing there."""
+    result = subprocess.run([sys.executable, str(TRAIN), *TINY, f"--dataset={data}", f"--out_dir={tmp_path}",
+                             "--max_iters=2", "--eval_interval=2"], cwd=tmp_path, env=ENV, stdout=None,
+                            stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert events(tmp_path, "done") and (tmp_path / "ckpt.pt").exists()
 
 
 def test_a_second_signal_later_stops_at_once(data, tmp_path):
@@ -946,6 +960,8 @@ def bad_inputs(data, tmp_path):
         "infinite learning rate": (["--learning_rate=1e999"], "learning_rate=inf must be finite"),
         "empty out_dir": (["--out_dir="], "out_dir is empty (an unset shell variable in --out_dir=$DIR?)"),
         "misspelt dataset": (["--dataset=shakespear"], "(no meta.json): did you mean --dataset=shakespeare? Else prepare"),
+        "dataset not prepared": (["--dataset=finewebedu10B"], "(no meta.json): prepare it first with `python prepare.py "
+                                                             "finewebedu10B`"),  # (not "did you mean fineweb10B?")
         "a setting without its dashes": (["n_layer=3"], "cannot read config file n_layer=3 (No such file or directory): "
                                                         "did you mean --n_layer=3?"),
     }
