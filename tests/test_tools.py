@@ -254,12 +254,13 @@ def test_gpu_check_refuses_an_unknown_part_before_running_anything(tmp_path):
     """A misspelt part (compile for compiled) is refused in one line that lists the parts, before OUT_DIR is
     made or anything runs, not run as nothing and passed."""
     out = tmp_path / "out"
-    result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), str(out), "bench", "compile"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.splitlines() == ["tools/gpu_check.sh: no part named 'compile': name parts from tests train "
-                                          "sample route bench compiled compiled_sublayers"]
-    assert not out.exists()
+    for parts in (["bench", "compile"], ["bench compile"]):  # (one argument of several parts is read as they are)
+        result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), str(out), *parts],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.splitlines() == ["tools/gpu_check.sh: no part named 'compile': name parts from tests "
+                                              "train sample route bench compiled compiled_sublayers"]
+        assert not out.exists()
 
 
 def test_gpu_check_refuses_an_out_dir_that_is_a_file(tmp_path):

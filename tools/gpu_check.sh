@@ -49,7 +49,7 @@ out=${1:-gpu_check}
 shift || true
 parts=${*:-tests train sample route bench}
 known="tests train sample route bench compiled compiled_sublayers"
-for name in "$@"; do  # a misspelt part would otherwise run nothing and pass
+for name in $parts; do  # a misspelt part would otherwise run nothing and pass (unquoted: "route bench" is two)
   if [[ " $known " != *" $name "* ]]; then
     echo "tools/gpu_check.sh: no part named '$name': name parts from $known" >&2
     exit 2
