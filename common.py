@@ -94,6 +94,11 @@ def first_line(e):
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
+def is_number(x):
+    """Whether x is a number as JSON or a config file gives one (None, text and bools are not)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def boolean(s):
     """argparse's type for a yes/no option: with nargs="?" and const=True, --flag, --flag=True and
     --flag=false all work, so train.py's spelling (--flag=True, --flag=False) works in the tools too."""
@@ -249,13 +254,11 @@ def routing_summary(stats):
 def sampling_problem(temperature=None, top_k=None, top_p=None):
     """What is wrong with these sampling settings (None: left at the default), as `name=value (what it
     takes)`, or None where nothing is."""
-    def number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-    if temperature is not None and not (number(temperature) and 0 <= temperature < math.inf):  # (inf: uniform)
+    if temperature is not None and not (is_number(temperature) and 0 <= temperature < math.inf):  # (inf: uniform)
         return f"temperature={temperature!r} (0 for greedy, more to sample)"
-    if top_k is not None and not (number(top_k) and float(top_k).is_integer() and top_k >= 0):
+    if top_k is not None and not (is_number(top_k) and float(top_k).is_integer() and top_k >= 0):
         return f"top_k={top_k!r} (a count of tokens, 0 for all)"
-    if top_p is not None and not (number(top_p) and 0 <= top_p <= 1):
+    if top_p is not None and not (is_number(top_p) and 0 <= top_p <= 1):
         return f"top_p={top_p!r} (a probability mass, from 0 to 1)"
     return None
 

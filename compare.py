@@ -91,7 +91,8 @@ from pathlib import Path
 import numpy as np
 
 import configurator
-from common import REFERENCE, cannot_write, die, hms, lock_folder, read_train_args, routing_summary, run_name, split_point, task_scores
+from common import (REFERENCE, cannot_write, die, hms, is_number, lock_folder, read_train_args, routing_summary, run_name,
+                    split_point, task_scores)
 from common import run_settings as common_run_settings
 from figures import comparisons, plot_max_weight, plot_routing, plot_sweep, plot_sweep_max_weight, plot_val_loss
 
@@ -221,11 +222,6 @@ def run_record(events):
                 machine=machine, curve=[(e.get("iter"), e.get("val_loss")) for e in evals], routing=routing or None)
 
 
-def number(x):
-    """Whether x is a number as JSON gives one (None, text and bools are not)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def routing_problem(routing):
     """What keeps one eval's routing (model.last_routing, as a log holds it) out of the routing columns
     and pictures, or None: every route needs its source weights, a route that chooses among them its max
@@ -234,10 +230,10 @@ def routing_problem(routing):
         return "its last eval's routing is not one entry per route"
     for name, route in routing.items():
         weights = route.get("weights")
-        if not isinstance(weights, list) or not weights or not all(map(number, weights)):
+        if not isinstance(weights, list) or not weights or not all(map(is_number, weights)):
             return f"its last eval's routing has no weights for {name}"
         if ("max_weight" in route) != ("entropy" in route) or not all(
-                number(route[k]) for k in ("max_weight", "entropy", "js_qk_v") if k in route):
+                is_number(route[k]) for k in ("max_weight", "entropy", "js_qk_v") if k in route):
             return f"its last eval's routing of {name} lacks a number for its max_weight or entropy"
     if not routing_summary(routing):
         return "its last eval's routing has no route with a max_weight and an entropy"
@@ -248,11 +244,11 @@ def record_problem(record):
     """What in a finished run's record (run_record) the tables and pictures cannot read, or None. train.py
     writes no such log, but one edited, or cut and pasted, by hand may be: found here, it is one line that
     names the file, not a traceback from deep in the statistics."""
-    if not number(record["val_loss"]):
+    if not is_number(record["val_loss"]):
         return f"its done event has val_loss={record['val_loss']!r}, not a number"
-    if record["elapsed_s"] is not None and not number(record["elapsed_s"]):  # (without one: no time in the table)
+    if record["elapsed_s"] is not None and not is_number(record["elapsed_s"]):  # (without one: no time in the table)
         return f"its done event has elapsed_s={record['elapsed_s']!r}, not a number"
-    if not all(number(it) and number(val) for it, val in record["curve"]):
+    if not all(is_number(it) and is_number(val) for it, val in record["curve"]):
         return "an eval event lacks a number for its iter or val_loss"
     if record["commit"] is not None and not isinstance(record["commit"], str):
         return f"its start event has commit={record['commit']!r}, not a git commit"
@@ -977,7 +973,7 @@ def evaluated(run_dir, tasks, limit):
         read_scores(run_dir)
     except (OSError, ValueError):
         return False
-    return isinstance(record, dict) and record.get("tasks") == tasks and record.get("limit") == limit
+    return record.get("tasks") == tasks and record.get("limit") == limit  # (a dict: read_scores took it)
 
 
 def evaluate_runs(plan, runs_dir, options, env, publish):
@@ -1078,7 +1074,8 @@ def main(argv):
                                  "running?): let it finish or stop it, then run the same command again")
     # a finished run's log or scores the tables cannot read stops the grid now, not after its training (with
     # --eval_tasks, eval.py scores again a run whose scores file is damaged: not read here)
-    load_records(runs_dir, names, seeds, publish, scores=not options["eval_tasks"] or options["report"])
+    scoring = options["eval_tasks"] and not options["report"]
+    load_records(runs_dir, names, seeds, publish, scores=not scoring)
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:

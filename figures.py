@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
 import configurator  # noqa: E402
-from common import REFERENCE, cannot_write, die, read_train_args, run_settings, split_point, sublayer_routes  # noqa: E402
+from common import (REFERENCE, cannot_write, die, is_number, read_train_args, run_settings, split_point,  # noqa: E402
+                    sublayer_routes)
 
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / "train.py"
@@ -321,7 +322,7 @@ def read_comparisons(folder):
         raise ValueError(f"{path} is not compare.py's results (no runs with their paired comparisons): {redo}")
     for name, run in results["runs"].items():
         for ref, p in run["paired"].items():
-            problem = p["n"] and paired_problem(p)  # (no seed in common, n=0: nothing is drawn)
+            problem = paired_problem(p) if p["n"] != 0 else None  # (no seed in common, n=0: nothing is drawn)
             if problem:
                 raise ValueError(f"{path} is not compare.py's results (run {name} vs {ref}: {problem}): {redo}")
     return found
@@ -331,16 +332,18 @@ def paired_problem(p):
     """Why a paired comparison over seeds (n > 0) is not as compare.py writes it, in a few words, or None: the
     figures draw its numbers and the tables print them, so a null or a string among them would be a traceback
     from matplotlib, or a table cell that reads "None/3"."""
-    shown = lambda key: f"{key}={json.dumps(p[key])}"
-    count = lambda x: type(x) is int  # (not a bool)
-    number = lambda x: type(x) in (int, float)
+    def shown(key):
+        return f"{key}={json.dumps(p[key])}"
+
+    def count(x):
+        return is_number(x) and float(x).is_integer()
     if not (count(p["n"]) and p["n"] > 0):
         return f"{shown('n')}, not a number of seeds"
     if not (count(p["wins"]) and 0 <= p["wins"] <= p["n"]):
         return f"{shown('wins')}, not a number of seeds out of n={p['n']}"
-    if not number(p["diff_nats_mean"]):
+    if not is_number(p["diff_nats_mean"]):
         return f"{shown('diff_nats_mean')}, not a number"
-    if not (number(p["diff_nats_std"]) or (p["diff_nats_std"] is None and p["n"] == 1)):
+    if not (is_number(p["diff_nats_std"]) or (p["diff_nats_std"] is None and p["n"] == 1)):
         return f"{shown('diff_nats_std')} over n={p['n']} seeds, not a number (one seed has none: null)"
     return None
 

@@ -244,7 +244,8 @@ def test_a_plotted_number_that_is_not_one_is_named(grids):
                                 ("diff_nats_std", None, "diff_nats_std=null over n=3 seeds, not a number (one seed has none: null)"),
                                 ("wins", None, "wins=null, not a number of seeds out of n=3"),
                                 ("wins", 4, "wins=4, not a number of seeds out of n=3"),
-                                ("n", 2.5, "n=2.5, not a number of seeds")]:
+                                ("n", 2.5, "n=2.5, not a number of seeds"),
+                                ("n", None, "n=null, not a number of seeds")]:
         results = json.loads(json.dumps(good))
         results["runs"][run]["paired"][ref][key] = value
         path.write_text(json.dumps(results))
