@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_summary  # noqa: E402
+from common import git_commit  # noqa: E402  (tools/gpu_summary.py puts the repository on the path)
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="2"
 skipped="3" tests="20" time="1.0"></testsuite></testsuites>"""
@@ -32,10 +33,11 @@ def write_train_log(path, tokens_per_s):
 
 def test_summary_counts_tests_and_reads_every_part(tmp_path):
     """Passed = tests - failures - errors - skipped; a train run's speed is the median after warm-up; a
-    bench row's ratios; each part's latest exit code (a rerun replaces an earlier line), and whether it ran
-    side by side with others."""
+    bench row's ratios; each part's latest exit code (a rerun replaces an earlier line), whether it ran
+    side by side with others, and the run it came from (the `# run` line above it, where there is one)."""
     (tmp_path / "tests.xml").write_text(JUNIT)
-    (tmp_path / "parts.txt").write_text("tests 1 130 side_by_side\nroute 0 25 \ntests 0 95 side_by_side\nbench_fused 0 40\n")
+    (tmp_path / "parts.txt").write_text("tests 1 130 side_by_side\n# run 2026-12-01T10:00Z abc123 clean\nroute 0 25 \n"
+                                        "# run 2026-12-02T11:30Z def456 dirty\ntests 0 95 side_by_side\nbench_fused 0 40\n")
     write_train_log(tmp_path / "train_delta", 1000.0)
     rows = [dict(name=n, phase=p, ratio=r, tokens_per_s=100 * r, mem_ratio=1.1, peak_mem_mb=10.0, mfu=0.1,
                  compile_s=20.0 if p == "train" else 3.0)
@@ -45,8 +47,11 @@ def test_summary_counts_tests_and_reads_every_part(tmp_path):
     gpu_summary.main(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tests"] == {"passed": 14, "failed": 3, "skipped": 3}
-    assert summary["parts"] == {"tests": {"exit": 0, "seconds": 95, "side_by_side": True}, "route": {"exit": 0, "seconds": 25},
-                                "bench_fused": {"exit": 0, "seconds": 40}}  # the last line: before side_by_side was written
+    first, second = (dict(date="2026-12-01T10:00Z", commit="abc123", dirty=False),
+                     dict(date="2026-12-02T11:30Z", commit="def456", dirty=True))
+    assert summary["parts"] == {"tests": {"exit": 0, "seconds": 95, "side_by_side": True, "run": second},
+                                "route": {"exit": 0, "seconds": 25, "run": first},
+                                "bench_fused": {"exit": 0, "seconds": 40, "run": second}}  # (no side_by_side: alone)
     assert summary["train"]["train_delta"] == dict(residual="rd", device="cuda", dtype="bfloat16", tokens_per_s=1000.0,
                                                    mfu=0.25, val_loss=2.5)
     assert summary["train"]["train_rd_dlr"] is None and summary["bench_eager_plain"] is None
@@ -325,10 +330,17 @@ def test_gpu_check_leaves_no_earlier_result_to_a_failed_part(tmp_path):
     assert summary["tests"] is None and summary["bench_eager_fused"] is None and summary["bench_eager_plain"] is None
     assert not (out / "train_rd_dlr" / "folded.pt").exists()
 
+    runs = {name: part["run"] for name, part in json.loads((out / "summary.json").read_text())["parts"].items()
+            if "run" in part}
+    (out / "parts.txt").write_text((out / "parts.txt").read_text().replace(" run 20", " run 19"))  # an earlier year
     result = check(["bench"], "")
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(summary["failed"]) == sorted(failed - {"bench_fused", "bench_plain"})  # their latest run: the one before
+    commit, dirty = git_commit()
+    for run in (runs["tests"], summary["parts"]["bench_fused"]["run"]):  # each run's own commit and date
+        assert (run["commit"], run["dirty"]) == (commit, dirty) and re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\dZ", run["date"])
+    assert summary["parts"]["tests"]["run"]["date"] == "19" + runs["tests"]["date"][2:]  # kept from the earlier run
     assert summary["bench_eager_fused"]["rows"] == {} and summary["bench_eager_plain"]["rows"] == {}
 
     result = check(["bench"], "tools/gpu_summary.py")

@@ -67,6 +67,11 @@ rm -rf "$out/logs" && mkdir "$out/logs"  # this run's parts' logs; the log keeps
 rm -f "$out/summary.json"  # a run stopped before its summary must not leave an earlier run's
 ran_before=0  # parts.txt's lines from earlier runs: this run's are those after them
 [[ -f $out/parts.txt ]] && ran_before=$(wc -l <"$out/parts.txt")
+# this run's date and commit, above its parts' lines: the summary gives each part the run it came from, so a part
+# kept from an earlier run (one not named this time) is not shown as this run's
+commit=$(git rev-parse HEAD 2>/dev/null) || commit=none
+[[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && tree=dirty || tree=clean
+echo "# run $(date -u '+%Y-%m-%dT%H:%MZ') $commit $tree" >>"$out/parts.txt"
 log="$out/gpu_check.log"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET  # the compiled kernels, not the CPU interpreter the CPU tests use
@@ -171,7 +176,7 @@ if wants compiled_sublayers; then
 fi
 python3 tools/gpu_summary.py "$out" | tee -a "$log"
 summarised=$?
-failed=$(tail -n "+$((ran_before + 1))" "$out/parts.txt" | awk '$2 != 0 { printf " %s", $1 }')
+failed=$(tail -n "+$((ran_before + 1))" "$out/parts.txt" | awk '$1 != "#" && $2 != 0 { printf " %s", $1 }')
 if [[ -n $failed ]]; then
   echo "##### failed:$failed (their output: $out/logs/)" | tee -a "$log"
   exit 1

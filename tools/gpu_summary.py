@@ -3,8 +3,8 @@ The GPU check's summary (tools/gpu_check.sh writes the parts, this reads them ba
 
     python tools/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
 
-The machine (GPU, torch, Triton, date), the code's commit, each part's exit code and seconds (and whether it
-ran side by side with others) and which parts failed, the test counts from pytest's JUnit XML, the training
+The machine (GPU, torch, Triton, date), the code's commit, each part's exit code and seconds (whether it ran
+side by side with others, and the date and commit of the gpu_check.sh run it came from) and which parts failed, the test counts from pytest's JUnit XML, the training
 runs' tokens/s and MFU (median of their logged iterations after the first 20, which include warm-up; taken
 beside the tests, so they say that training runs on the GPU, not how fast: bench.py's rows do), and each bench
 row's ratios to standard. A file that is damaged (cut short, or not in the format its part writes) is named
@@ -81,18 +81,25 @@ def route(path):
 
 
 def parts_run(path):
-    """Each part's latest exit code and seconds (a rerun appends its line), and whether it ran side by side
-    with others; a line that is not whole marks its part unreadable."""
-    parts = {}
+    """Each part's latest exit code and seconds (a rerun appends its line), whether it ran side by side with
+    others, and the run it came from (date and commit, from the `# run` line each gpu_check.sh writes above its
+    parts': a rerun of some parts keeps the others' results from an earlier run, perhaps of other code); a line
+    that is not whole marks its part unreadable."""
+    parts, run = {}, None
     if not path.exists():
         return parts
     for number, line in enumerate(path.read_text().splitlines(), 1):
         words = line.split()
         if not words:
             continue
+        if words[0] == "#":  # "# run DATE COMMIT clean|dirty"
+            if len(words) == 5 and words[1] == "run":
+                run = {"date": words[2], "commit": None if words[3] == "none" else words[3], "dirty": words[4] == "dirty"}
+            continue
         try:
             name, rc, seconds, *side_by_side = words  # side_by_side: run beside other parts, not alone
-            parts[name] = {"exit": int(rc), "seconds": int(seconds)} | ({"side_by_side": True} if side_by_side else {})
+            parts[name] = ({"exit": int(rc), "seconds": int(seconds)} | ({"side_by_side": True} if side_by_side else {})
+                           | ({"run": run} if run else {}))
         except ValueError:
             parts[words[0]] = {"unreadable": f"{path.name} line {number}: {line!r}"}
     return parts
