@@ -114,6 +114,8 @@ RUN_KEYS = ("residual", "res_blocks", "fixed_value_route", "lowrank_rank", "dlr"
 # train.py settings that would take a run out of compare.py's hands: it trains each run itself, and a rerun
 # of the same command resumes an unfinished one from its checkpoint
 NOT_PASSED_ON = {"eval_only": True, "init_from": "resume"}
+TRAINS_ITSELF = ("compare.py trains each run itself, and resumes an unfinished one from its checkpoint when the same "
+                 "command runs again")
 PROBE_ITERS = 10  # iterations of the timing probe that makes the up-front estimate
 TRAIN = Path(__file__).resolve().parent / "train.py"
 EVAL = TRAIN.parent / "eval.py"
@@ -628,8 +630,7 @@ def parse_args(argv):
         if settings[key] == value:
             given = (f"--{key}={value}" if any(a.startswith(f"--{key}=") for a in rest)
                      else f"{key}={value!r} in {configs[0]}")
-            raise ValueError(f"{given}: compare.py trains each run itself, and resumes an unfinished one from its "
-                             "checkpoint when the same command runs again: drop it")
+            raise ValueError(f"{given}: {TRAINS_ITSELF}: drop it")
     for key in ("seeds", "jobs"):
         if options[key] < 1:
             raise ValueError(f"--{key}={options[key]}: use a positive integer")
@@ -661,9 +662,7 @@ def parse_args(argv):
         configurator.configure(TRAIN_DEFAULTS, [f"--{key}={v}" for v in values], str(TRAIN))  # each value checked
         parsed = [configurator.read_value(key, v, TRAIN_DEFAULTS) for v in values]
         if key in NOT_PASSED_ON and NOT_PASSED_ON[key] in parsed:
-            raise ValueError(f"--sweep={options['sweep']} has {key}={NOT_PASSED_ON[key]}, but compare.py trains each run "
-                             "itself, and resumes an unfinished one from its checkpoint when the same command runs "
-                             "again: drop that value")
+            raise ValueError(f"--sweep={options['sweep']} has {key}={NOT_PASSED_ON[key]}, but {TRAINS_ITSELF}: drop that value")
         for i, value in enumerate(parsed):  # a value twice would train its runs twice, at once in one folder with --jobs
             if value in parsed[:i]:
                 raise ValueError(f"--sweep={options['sweep']}: {values[parsed.index(value)]} and {values[i]} are "

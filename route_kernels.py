@@ -718,6 +718,7 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
     - int32_row_offsets: products by d computed in int32, from Triton's IR, where a row's offset x * d
       wraps past 2^31 elements: at N d >= 2^31 (2.8M tokens at d = 768) a wrong address, on a GPU only.
     sass_dir: also write the machine code there, one file per variant, to read where loads and barriers fall."""
+    from common import first_line
     if interpreted():
         raise RuntimeError("compiling for a GPU needs Triton's compiler, not its interpreter: unset TRITON_INTERPRET")
     from triton.backends.compiler import GPUTarget
@@ -733,8 +734,7 @@ def compile_for_gpu(arch, m=25, d=768, dtype=torch.bfloat16, routes=1, backward=
         compiled = triton.compile(ASTSource(kernel, types, constants, attrs), target=GPUTarget("cuda", arch, 32),
                                   options=dict(num_warps=num_warps))
     except Exception as e:  # ptxas or the backend refusing a real architecture (say sm_101, renamed sm_110 in CUDA 13)
-        raise RuntimeError(f"Triton {triton.__version__} cannot compile for sm_{arch} here "
-                           f"({type(e).__name__}: {(str(e).strip() or '?').splitlines()[0]})") from None
+        raise RuntimeError(f"Triton {triton.__version__} cannot compile for sm_{arch} here ({first_line(e)})") from None
     seconds = time.perf_counter() - start
     usage = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage")
     sass = _cuobjdump(compiled.asm["cubin"], "-sass")
