@@ -726,18 +726,25 @@ def differing_args(old, new):
             if key not in was or key not in now or was[key] != now[key]]
 
 
-def changed_setting(config, run_dir, seed, name, passthrough):
+def changed_setting(config, run_dir, seed, name, passthrough, remedy):
     """(key, value trained with, value now, what gives it now) for the first setting the grid gives this
     run (the config file's, the run's own: its name and seed, the command line's) that the finished run in
     run_dir did not train with, else None. Its log's start line records every setting it trained with,
     whether or not it has a train_args.json (a run trained before compare.py wrote one has none), and what
     the config file said then. Not compared: where it wrote and reported (out_dir, wandb_*), and what the
     log records resolved, not as given: the device (auto -> cpu; a run may finish on another machine),
-    dtype=auto and vocab_size=0 (the data's)."""
+    dtype=auto and vocab_size=0 (the data's). A start line without its settings, or with a compared one
+    not of train.py's type (a log edited by hand), is a ValueError that names the log, ending in remedy."""
     start = next((e for e in read_log(run_dir) if e.get("event") == "start"), None)
     if not start:
         return None
-    trained = start.get("config", {})
+
+    def damaged(problem):  # one line, as load_records says of a log the tables cannot read
+        return ValueError(f"{run_dir / 'log.jsonl'} is damaged ({problem}): {remedy}")
+    trained = start.get("config")
+    if not isinstance(trained, dict):  # train.py writes every setting there
+        raise damaged("its start event has no config" if trained is None else
+                      f"its start event has config={trained!r}, not train.py's settings")
     own = [f"--seed={seed}", *[f"--{k}={v}" for k, v in run_settings(name).items()]]
     given = {}  # key -> what sets it, the last of the config file, the run and the command line
     for where, args in ((str(config), [config] if config else []), (f"the run {name} seed{seed}", own),
@@ -748,7 +755,12 @@ def changed_setting(config, run_dir, seed, name, passthrough):
         value = json.loads(json.dumps(now[key]))  # as the log holds it
         resolved = (key in ("out_dir", "device") or key.startswith("wandb_") or (key == "dtype" and value == "auto")
                     or (key == "vocab_size" and value == 0))
-        if key in trained and not resolved and trained[key] != value:
+        if key not in trained or resolved:
+            continue
+        if not configurator.same_kind(trained[key], TRAIN_DEFAULTS[key]):  # else "trained with '10', now 10"
+            raise damaged(f"its start event's config has {key}={trained[key]!r}, not "
+                          f"{configurator.KINDS[type(TRAIN_DEFAULTS[key])]}")
+        if trained[key] != value:
             return key, trained[key], value, given[key]
     return None
 
@@ -756,17 +768,18 @@ def changed_setting(config, run_dir, seed, name, passthrough):
 def check_finished(config, run_dir, seed, name, passthrough, args, publish):
     """A ValueError, saying how to retrain it, where the finished run in run_dir trained with other settings
     than the grid gives it now: other train.py arguments (train_args.json, args: the grid's) or, whether or
-    not it has that file, another setting its log records (changed_setting)."""
+    not it has that file, another setting its log records (changed_setting), or where its log's record of
+    them is damaged."""
     published = Path(publish) / "runs" / name / f"seed{seed}" if publish else None
-    folders = dict.fromkeys([run_dir] + ([published] if published and published.exists() else []))
-    retrain = (f"use another --out_dir{' and --publish folder' if publish else ''}, or delete "
-               f"{' and '.join(map(str, folders))} to retrain it")
+    folders = " and ".join(map(str, dict.fromkeys([run_dir] + ([published] if published and published.exists() else []))))
+    retrain = f"use another --out_dir{' and --publish folder' if publish else ''}, or delete {folders} to retrain it"
     if (run_dir / "train_args.json").exists():
         began = read_train_args(run_dir / "train_args.json", f"delete it to have the run checked against its log, or {retrain}")
         differ = differing_args(began, args)
         if differ:
             raise ValueError(f"{run_dir} finished with other train.py arguments ({'; '.join(differ)}): {retrain}")
-    changed = changed_setting(config, run_dir, seed, name, passthrough)
+    changed = changed_setting(config, run_dir, seed, name, passthrough,
+                              f"delete {folders} and run the grid's command again to retrain the run")
     if changed:
         key, trained, now, where = changed
         raise ValueError(f"{run_dir} finished with {key}={trained!r}, but {where} now gives {key}={now!r}: {retrain}")

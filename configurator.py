@@ -17,6 +17,14 @@ from pathlib import Path
 from common import die
 
 
+KINDS = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}  # what a setting of each type takes
+
+
+def same_kind(value, default):
+    """Whether value has default's type, an int where a float is expected too (a bool is no int here)."""
+    return type(value) is type(default) or (type(default) is float and type(value) is int)
+
+
 def checked(key, value, defaults, where):
     """value, if key is known and value has the default's type; else exit with a one-line error."""
     if key not in defaults:
@@ -28,9 +36,8 @@ def checked(key, value, defaults, where):
         except OverflowError:  # an integer past a float's range (no repr: one of 4300+ digits cannot be printed)
             die(f"{key}{where} is too large for a float (the largest is about 1.8e308): give a number "
                 f"like its default {default!r}", 2)
-    if type(value) is not type(default):
-        kind = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}[type(default)]
-        die(f"{key}={value!r}{where} should be {kind}, like its default {default!r}", 2)
+    if not same_kind(value, default):
+        die(f"{key}={value!r}{where} should be {KINDS[type(default)]}, like its default {default!r}", 2)
     return value
 
 

@@ -814,8 +814,8 @@ def test_a_finished_run_is_not_refused_for_the_dtype_it_resolved(tmp_path):
     run_dir = tmp_path / "standard" / "seed0"
     write_log(run_dir, [3.0, 2.0], config=dict(compare.TRAIN_DEFAULTS, device="cpu", dtype="float32", vocab_size=64,
                                                seed=0, residual="standard"))
-    assert compare.changed_setting(None, run_dir, 0, "standard", ["--dtype=auto", "--device=auto"]) is None
-    assert compare.changed_setting(None, run_dir, 0, "standard", ["--dtype=bfloat16"]) == (
+    assert compare.changed_setting(None, run_dir, 0, "standard", ["--dtype=auto", "--device=auto"], "retrain") is None
+    assert compare.changed_setting(None, run_dir, 0, "standard", ["--dtype=bfloat16"], "retrain") == (
         "dtype", "float32", "bfloat16", "the command line")
 
 
@@ -1018,9 +1018,11 @@ def test_report_publishes_only_the_finished_runs(tmp_path, capsys):
 
 
 def test_a_damaged_log_or_scores_file_is_one_line_naming_it(tmp_path, monkeypatch):
-    """A finished run's log.jsonl or ckpt.eval.json that the tables cannot read (edited or damaged by hand)
-    is one line that names the file and says what to do, with --report=True and on a rerun alike, and
-    before any run trains: not a traceback (KeyError, TypeError, AttributeError) from the statistics."""
+    """A finished run's log.jsonl or ckpt.eval.json that the tables cannot read (edited or damaged by hand),
+    or whose start event's settings the grid cannot check the run against, is one line that names the file
+    and says what to do, with --report=True and on a rerun alike, and before any run trains: not a traceback
+    (KeyError, TypeError, AttributeError) from the statistics, nor a run refused for training with '0' where
+    the grid gives 0."""
     monkeypatch.setattr(compare, "estimate_run_s", lambda *a: pytest.fail("a timing probe ran"))
     monkeypatch.setattr(compare, "launch", lambda *a, **k: pytest.fail("a run trained"))
     routings = [routing_of("delta", seed=s) for s in range(2)]
@@ -1056,7 +1058,12 @@ def test_a_damaged_log_or_scores_file_is_one_line_naming_it(tmp_path, monkeypatc
             "empty route": (lambda e: e["routing"].update({"L1.mlp": {}}), "eval", "its last eval's routing has no weights for L1.mlp"),
             "text max_weight": (lambda e: e["routing"]["L1.mlp"].update(max_weight="high"), "eval",
                                 "its last eval's routing of L1.mlp lacks a number for its max_weight or entropy"),
-            "routing list": (lambda e: e.update(routing=[1, 2]), "eval", "its last eval's routing is not one entry per route")}
+            "routing list": (lambda e: e.update(routing=[1, 2]), "eval", "its last eval's routing is not one entry per route"),
+            # the start event's settings, which every finished run is checked against (changed_setting)
+            "no config": (lambda e: e.pop("config"), "start", "its start event has no config"),
+            "null config": (lambda e: e.update(config=None), "start", "its start event has no config"),
+            "config list": (lambda e: e.update(config=[1]), "start", "its start event has config=[1], not train.py's settings"),
+            "text seed": (lambda e: e["config"].update(seed="0"), "start", "its start event's config has seed='0', not an integer")}
     for case, (change, event, problem) in logs.items():
         out, run_dir = grid(case)
         edit(run_dir, change, event)
