@@ -262,22 +262,30 @@ def eval_file(run_dir):
     return Path(run_dir) / "ckpt.eval.json"
 
 
-def read_scores(run_dir):
-    """The run's downstream scores, {"task/metric": (value, higher_is_better)}, from eval.py's file in
-    run_dir ({} where there is none). A file that is not eval.py's (damaged, or edited by hand) is a
-    ValueError that names it, rather than a run silently left out of the scores table."""
+def eval_record(run_dir, report=False):
+    """(eval.py's record in run_dir, its downstream scores {"task/metric": (value, higher_is_better)}), or
+    (None, {}) where there is none. A file that is not eval.py's (damaged, or edited by hand) is a ValueError
+    that names it and says what to do (report: under --report=True, which scores nothing), rather than a run
+    silently left out of the scores table."""
     path = eval_file(run_dir)
     if not path.exists():
-        return {}
-    rescore = "delete it and run the grid's command again (with --eval_tasks, eval.py scores the run again)"
+        return None, {}
+    rescore = ("delete it and run the command again to report the run without scores; the grid's command with "
+               "--eval_tasks and without --report=True scores it again" if report else
+               "delete it and run the grid's command again (with --eval_tasks, eval.py scores the run again)")
     try:
         record = json.loads(path.read_text())
     except ValueError as e:
         raise ValueError(f"{path} is not eval.py's scores (not JSON: {e}): {rescore}") from None
     try:
-        return task_scores(record["harness"])
+        return record, task_scores(record["harness"])
     except (KeyError, TypeError, AttributeError):  # {}, [], results of another shape
         raise ValueError(f"{path} is not eval.py's scores (no harness results in it): {rescore}") from None
+
+
+def read_scores(run_dir, report=False):
+    """The run's downstream scores, eval_record's: {} where eval.py has not scored it."""
+    return eval_record(run_dir, report)[1]
 
 
 def routing_shape(routing):
@@ -285,11 +293,12 @@ def routing_shape(routing):
     return tuple((name, len(route["weights"]), "max_weight" in route) for name, route in routing.items())
 
 
-def load_records(runs_dir, names, seeds, publish=None, scores=True):
+def load_records(runs_dir, names, seeds, publish=None, scores=True, report=False):
     """{name: {seed: record}} for every finished run of the grid, with its downstream scores if it has some
-    (scores=False: none read, for scores eval.py is about to write again). A log the tables and pictures
-    cannot read (record_problem), or seeds of one run whose routings differ in shape, is a ValueError that
-    names the file and says to train the run again (its copy in publish, if it has one, deleted too)."""
+    (scores=False: none read, for scores eval.py is about to write again; report: read for --report=True,
+    which scores nothing). A log the tables and pictures cannot read (record_problem), or seeds of one run
+    whose routings differ in shape, is a ValueError that names the file and says to train the run again
+    (its copy in publish, if it has one, deleted too)."""
     records = {}
     for name in names:
         logs = {}  # routing shape -> the first log that has it
@@ -311,7 +320,7 @@ def load_records(runs_dir, names, seeds, publish=None, scores=True):
                     raise ValueError(f"{' and '.join(map(str, logs.values()))} hold routings of other routes or sources, "
                                      "though the seeds of one run route alike: one is damaged; delete its run's folder "
                                      "and run the grid's command again to retrain the run")
-            records.setdefault(name, {})[seed] = dict(record, scores=read_scores(run_dir) if scores else {})
+            records.setdefault(name, {})[seed] = dict(record, scores=read_scores(run_dir, report) if scores else {})
     return records
 
 
@@ -979,13 +988,12 @@ def check_tasks(tasks, include_path):
 
 def evaluated(run_dir, tasks, limit):
     """Whether the run holds eval.py's scores for exactly these tasks and limit (None: all examples); a
-    file that is not eval.py's (read_scores refuses it) holds none: eval.py scores the run again."""
+    file that is not eval.py's (eval_record refuses it) holds none: eval.py scores the run again."""
     try:
-        record = json.loads(eval_file(run_dir).read_text())
-        read_scores(run_dir)
+        record, _ = eval_record(run_dir)
     except (OSError, ValueError):
         return False
-    return record.get("tasks") == tasks and record.get("limit") == limit  # (a dict: read_scores took it)
+    return record is not None and record.get("tasks") == tasks and record.get("limit") == limit  # (a dict: it has scores)
 
 
 def evaluate_runs(plan, runs_dir, options, env, publish):
@@ -1087,7 +1095,7 @@ def main(argv):
     # a finished run's log or scores the tables cannot read stops the grid now, not after its training (with
     # --eval_tasks, eval.py scores again a run whose scores file is damaged: not read here)
     scoring = options["eval_tasks"] and not options["report"]
-    load_records(runs_dir, names, seeds, publish, scores=not scoring)
+    load_records(runs_dir, names, seeds, publish, scores=not scoring, report=options["report"])
     print(f"{len(plan)} runs ({len(names)} x {len(seeds)} seeds) in {compare_dir}: {len(plan) - len(todo)} done, "
           f"{len(todo)} to train" + (f", {jobs} at a time" if jobs > 1 and todo and not options["report"] else ""), flush=True)
     if options["report"]:
@@ -1166,7 +1174,7 @@ def main(argv):
     if publish:  # every finished run, the ones an earlier command trained too: the published results are made of them
         publish_runs(plan, runs_dir, publish)
 
-    records = load_records(runs_dir, names, seeds, publish)
+    records = load_records(runs_dir, names, seeds, publish, report=options["report"])
     command = "python compare.py " + " ".join(a for a in argv if not a.startswith("--report="))  # the command that trains them
     max_iters = settings["max_iters"] if not sweep or sweep[0] != "max_iters" else "/".join(sweep[1])
     results = write_results(compare_dir, records, names, seeds,

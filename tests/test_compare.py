@@ -1042,11 +1042,11 @@ def test_a_damaged_log_or_scores_file_is_one_line_naming_it(tmp_path, monkeypatc
         change(next(e for e in reversed(events) if e["event"] == event))
         (run_dir / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
-    def refused(out, message, extra=()):
-        """The grid in out refused with message: reported, rerun, and rerun with a third seed to train (which
-        the damage stops before its timing probe)."""
+    def refused(out, message, extra=(), reported=None):
+        """The grid in out refused with message (reported: the one under --report=True, where it differs):
+        reported, rerun, and rerun with a third seed to train (which the damage stops before its timing probe)."""
         for args in (["--seeds=2", "--report=True"], ["--seeds=2"], ["--seeds=3"]):
-            with pytest.raises(ValueError, match=message):
+            with pytest.raises(ValueError, match=reported if reported and "--report=True" in args else message):
                 compare.main([f"--out_dir={out}", "--runs=delta", *args, *extra])
         assert not (out / "compare" / "results.md").exists()
 
@@ -1085,8 +1085,10 @@ def test_a_damaged_log_or_scores_file_is_one_line_naming_it(tmp_path, monkeypatc
                                         ("[]", "no harness results in it"), ("{", "not JSON: "))):
         out, run_dir = grid(f"scores{i}")
         compare.eval_file(run_dir).write_text(damaged)
-        refused(out, f"^{re.escape(str(compare.eval_file(run_dir)))} is not eval.py's scores \\({re.escape(why)}.*\\): "
-                     "delete it and run the grid's command again \\(with --eval_tasks, eval.py scores the run again\\)$")
+        named = f"^{re.escape(str(compare.eval_file(run_dir)))} is not eval.py's scores \\({re.escape(why)}.*\\): "
+        refused(out, named + "delete it and run the grid's command again \\(with --eval_tasks, eval.py scores the run again\\)$",
+                reported=named + "delete it and run the command again to report the run without scores; the grid's "
+                                 "command with --eval_tasks and without --report=True scores it again$")  # (a report scores nothing)
 
     out, run_dir = grid("not an object")  # a line of another JSON value is skipped, as a cut one is
     (run_dir / "log.jsonl").write_text((run_dir / "log.jsonl").read_text() + "3\n")
