@@ -652,8 +652,6 @@ def parse_args(argv):
         raise ValueError(f"--eval_tasks={options['eval_tasks']} names no task: give one or more, e.g. --eval_tasks=hellaswag,piqa")
     if options["eval_tasks"] and importlib.util.find_spec("lm_eval") is None:  # before any training, not after it
         raise ValueError("--eval_tasks scores the runs with lm-evaluation-harness, which is not installed: pip install lm-eval")
-    if options["eval_tasks"] and not options["report"]:  # (--report=True scores nothing)
-        check_tasks(eval_task_names(options), options["eval_include_path"])
     if options["sweep"]:
         key, sep, values = options["sweep"].partition("=")
         values = [v for v in values.split(",") if v]
@@ -996,6 +994,14 @@ def evaluated(run_dir, tasks, limit):
     return record is not None and record.get("tasks") == tasks and record.get("limit") == limit  # (a dict: it has scores)
 
 
+def all_scored(plan, runs_dir, options):
+    """Whether every run of the plan has finished here and holds eval.py's scores on options' tasks and limit:
+    then --eval_tasks has nothing left to score (evaluate_runs scores the finished runs that do not)."""
+    tasks, limit = eval_task_names(options), options["eval_limit"] or None
+    run_dirs = [runs_dir / name / f"seed{seed}" for name, seed in plan]
+    return all(finished(read_log(run_dir)) and evaluated(run_dir, tasks, limit) for run_dir in run_dirs)
+
+
 def evaluate_runs(plan, runs_dir, options, env, publish):
     """eval.py on the checkpoint of every finished run of the plan not yet scored on options' tasks, one
     run at a time (eval.py batches its work itself), its output in run_dir/eval.log; a published run gets
@@ -1062,6 +1068,10 @@ def main(argv):
     # value by value, seed by seed: each value's comparison completes before the next (costlier) one starts
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
     plan = [(n, seed) for pt in points for seed in seeds for n in names if split_point(n)[0] == pt]
+    # the tasks are checked before anything trains or is taken from --publish (a misspelt one found by eval.py
+    # would cost the grid's training first), unless nothing is left to score: lm-eval's task index takes 10-20 s
+    if options["eval_tasks"] and not options["report"] and not all_scored(plan, runs_dir, options):
+        check_tasks(eval_task_names(options), options["eval_include_path"])
     if publish:  # a run finished elsewhere and published is taken as it is, never trained twice
         pairs = [(name, seed, runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}")
                  for name, seed in plan]

@@ -984,6 +984,27 @@ def test_eval_tasks_and_include_path_are_checked_before_any_run(tmp_path, monkey
     assert not (tmp_path / "compare" / "runs").exists()
 
 
+def test_the_tasks_are_looked_up_only_where_a_run_is_left_to_score(tmp_path, monkeypatch):
+    """lm-eval's task index takes 10-20 s: a rerun whose every run has finished and is scored on these tasks and
+    limit (nothing to train or score) does not check the task names; a run left to train, or one scored with
+    another limit, has them checked before anything runs."""
+    pytest.importorskip("lm_eval", reason="--eval_tasks runs lm-evaluation-harness: pip install lm-eval")
+    run_dir = tmp_path / "compare" / "runs" / "standard" / "seed0"
+    write_log(run_dir, [3.0, 2.0])
+    write_scores(run_dir, {"tiny_choice/acc": 0.3}, tasks=("tiny_choice",), limit=None)
+
+    def check_tasks(tasks, include_path):
+        raise ValueError(f"checked {','.join(tasks)}")
+    monkeypatch.setattr(compare, "check_tasks", check_tasks)
+    monkeypatch.setattr(compare, "estimate_run_s", lambda *a: pytest.fail("a timing probe ran"))
+    argv = [f"--out_dir={tmp_path}", "--runs=standard", "--eval_tasks=tiny_choice"]
+    results = compare.main(argv + ["--seeds=1"])
+    assert results["runs"]["standard"]["scores"]["tiny_choice/acc"]["mean"] == 0.3
+    for more in (["--seeds=2"], ["--seeds=1", "--eval_limit=3"]):
+        with pytest.raises(ValueError, match="^checked tiny_choice$"):
+            compare.main(argv + more)
+
+
 def test_a_run_is_scored_again_only_for_other_tasks_or_another_limit(tmp_path):
     """eval.py's scores are kept when they are for the same tasks and limit (--eval_limit=0: all examples,
     recorded as no limit); other tasks or another limit score the run again (here: no checkpoint to score)."""
