@@ -227,8 +227,8 @@ def task_manager(names, include_path):
     manager = TaskManager(include_path=include_path)
     for name in names:
         if name not in manager.all_tasks:
-            broken = include_path and invalid_yaml(include_path, name)
-            if broken:  # the harness skips a YAML it cannot parse without a word: the task may be in it
+            broken = include_path and (skipped_yaml(include_path, name) or invalid_yaml(include_path, name))
+            if broken:  # the harness skips a YAML it cannot load without a word: the task may be in it
                 raise ValueError(f"unknown task {name!r}, and {broken}: fix it")
             near = difflib.get_close_matches(name, manager.all_tasks, n=3)
             raise ValueError(f"unknown task {name!r}" + (f" (did you mean {', '.join(near)}?)" if near else "")
@@ -238,13 +238,52 @@ def task_manager(names, include_path):
     return manager
 
 
-def invalid_yaml(folder, name):
-    """'FILE is not valid YAML (its error)' for the first task YAML under folder, as the harness finds them,
-    that does not parse or cannot be read (NAME.yaml first, the likeliest home of a task NAME), or None
-    where all parse."""
-    import yaml  # (the harness's own dependency)
+def task_yamls(folder, name):
+    """The task YAMLs under folder, as the harness finds them, NAME.yaml first: the likeliest home of a task NAME."""
     files = [p for p in Path(folder).glob("**/*.yaml") if not {"__pycache__", ".ipynb_checkpoints"} & set(p.parts)]
-    for path in sorted(files, key=lambda p: (p.stem != name, p.as_posix())):
+    return sorted(files, key=lambda p: (p.stem != name, p.as_posix()))
+
+
+def skipped_yaml(folder, name):
+    """'FILE parses, but lm-eval skips it (why)' for the first YAML under folder that is the task's (NAME.yaml,
+    or one whose top-level task: or group: is NAME), parses, and yet is left out of the harness's task index:
+    an include: of a file that is not there, say. The harness skips it with a debug log line alone; its own
+    loader, run again on the file, says why (harness_refusal). None where there is no such file."""
+    import yaml  # (the harness's own dependency)
+    for path in task_yamls(folder, name):
+        try:
+            document = yaml.compose(path.read_bytes(), Loader=yaml.SafeLoader)
+        except (yaml.YAMLError, OSError):
+            continue  # (invalid_yaml names it)
+        names = {value.value for key, value in (document.value if isinstance(document, yaml.MappingNode) else [])
+                 if key.value in ("task", "group") and isinstance(value, yaml.ScalarNode)}
+        why = harness_refusal(path) if path.stem == name or name in names else None
+        if why:
+            return f"{path} parses, but lm-eval skips it ({why})"
+    return None
+
+
+def harness_refusal(path):
+    """Why the harness's task index leaves out the YAML at path, or None where it takes it: its own reading of
+    a task file (lm-eval 0.4.13's, includes followed, !function tags not run), the error it skips the file
+    for. An lm-eval without that reader does not say why."""
+    try:
+        from lm_eval.tasks._index import TaskIndex
+        from lm_eval.tasks._yaml_loader import load_yaml
+    except ImportError:
+        return "lm-eval does not say why"
+    try:
+        TaskIndex.process_cfg(load_yaml(path, resolve_func=False), path, {})
+    except Exception as e:  # (the index skips a file for any error)
+        return first_line(e)
+    return None
+
+
+def invalid_yaml(folder, name):
+    """'FILE is not valid YAML (its error)' for the first task YAML under folder (task_yamls) that does not
+    parse or cannot be read, or None where all parse."""
+    import yaml  # (the harness's own dependency)
+    for path in task_yamls(folder, name):
         try:
             # the syntax alone: composing builds no objects, so the harness's own tags (!function) need no constructor
             yaml.compose(path.read_bytes(), Loader=yaml.SafeLoader)

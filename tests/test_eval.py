@@ -520,6 +520,29 @@ def test_a_task_yaml_that_does_not_parse_is_named(tasks, tmp_path, capsys):
                                  "(mapping values are not allowed here at line 3, column 14): fix it\n")
 
 
+def test_a_task_yaml_that_parses_but_that_lm_eval_skips_says_why(tasks, tmp_path, capsys, monkeypatch):
+    """The harness also skips, without a word, a YAML that parses but that it cannot load (here an include: of a
+    file that is not there): the task's YAML (named after it, or naming it as its task) is named with the
+    harness's own reason, not the folder as having no such YAML. A YAML that is not the task's (a template
+    for include:, which the harness skips by design) never is; one the harness loads neither."""
+    folder = shutil.copytree(tasks, tmp_path / "tasks")  # (the YAMLs name their data files by their full paths)
+    (folder / "a_template.yaml").write_text("dataset_path: json\n")
+    (folder / "mine.yaml").write_text("task: mine\ninclude: missing.yaml\n")
+    (folder / "elsewhere.yaml").write_text("include: gone.yaml\ntask: other\n")
+    gone = lambda file: f"(FileNotFoundError: [Errno 2] No such file or directory: '{(folder / file).resolve()}')"
+    mine = f"{folder / 'mine.yaml'} parses, but lm-eval skips it {gone('missing.yaml')}"
+    assert evaluate.skipped_yaml(folder, "mine") == mine
+    assert evaluate.skipped_yaml(folder, "other") == f"{folder / 'elsewhere.yaml'} parses, but lm-eval skips it {gone('gone.yaml')}"
+    assert evaluate.skipped_yaml(folder, "nothing") is None and evaluate.skipped_yaml(folder, "tiny_choice") is None
+    with monkeypatch.context() as m:  # an lm-eval without 0.4.13's reader of a task file
+        m.setitem(sys.modules, "lm_eval.tasks._yaml_loader", None)
+        assert evaluate.skipped_yaml(folder, "mine") == f"{folder / 'mine.yaml'} parses, but lm-eval skips it (lm-eval does not say why)"
+
+    ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
+    code, _, err, _ = run_main([f"--ckpt={ckpt}", "--tasks=mine", f"--include_path={folder}", "--device=cpu"], capsys)
+    assert code == 1 and err == f"error: unknown task 'mine', and {mine}: fix it\n"
+
+
 @pytest.mark.parametrize("setting, problem", [("top_p: 1.5", "top_p=1.5 (a probability mass, from 0 to 1)"),
                                               ("top_k: -3", "top_k=-3 (a count of tokens, 0 for all)"),
                                               ("temperature: -1.0", "temperature=-1.0 (0 for greedy, more to sample)")])
