@@ -180,6 +180,15 @@ if seed > MAX_SEED:
 for key in ("beta1", "beta2"):
     if not 0 <= config[key] < 1:
         die(f"{key}={config[key]} is one of AdamW's decay rates: give one in [0, 1), e.g. 0.9 or 0.95")
+if decay_lr and not eval_only:  # the schedule get_lr follows (eval_only trains nothing: it has none to check)
+    # equal values are a schedule still: a constant rate, or a warmup straight into min_lr (a decay of no length)
+    if min_lr > learning_rate:
+        die(f"min_lr={min_lr} is above learning_rate={learning_rate}: the decay would raise the rate; set min_lr to at "
+            f"most learning_rate (~ learning_rate / 10), or decay_lr=False for a constant rate")
+    if warmup_iters > lr_decay_iters:
+        die(f"warmup_iters={warmup_iters} is more than lr_decay_iters={lr_decay_iters}: the warmup would run past the "
+            f"decay's end, then drop to min_lr at once; set warmup_iters to at most lr_decay_iters (a few percent of "
+            f"it), or raise lr_decay_iters (~= max_iters)")
 if wandb_log and not eval_only:  # (on every rank, though rank 0 alone logs: so that every rank stops here)
     try:
         import wandb  # optional: only a run that logs to wandb needs it

@@ -266,7 +266,9 @@ def test_pseudo_queries_train_at_res_query_lr_mult_times_the_rate(data, tmp_path
 
 def test_the_learning_rate_stays_at_min_lr_after_lr_decay_iters_and_is_constant_without_decay(data, tmp_path):
     """A run longer than lr_decay_iters trains its last iterations at min_lr (the cosine does not rise
-    again after its end), and decay_lr=False trains at learning_rate from the first iteration on."""
+    again after its end), and decay_lr=False trains at learning_rate from the first iteration on (its min_lr and
+    warmup_iters unused, whatever they are). warmup_iters = lr_decay_iters is a decay of no length: the warmup
+    reaches learning_rate, then the rate is min_lr."""
     train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'long'}", "--max_iters=11", "--eval_interval=100",
           cwd=tmp_path)
     warmup = [1e-2 * (it + 1) / 3 for it in range(2)]
@@ -274,8 +276,11 @@ def test_the_learning_rate_stays_at_min_lr_after_lr_decay_iters_and_is_constant_
     assert [e["lr"] for e in events(tmp_path / "long", "train")] == pytest.approx(warmup + cosine + [1e-3] * 2,
                                                                                    rel=1e-12)
     train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'constant'}", "--max_iters=3", "--eval_interval=100",
-          "--decay_lr=False", cwd=tmp_path)
+          "--decay_lr=False", "--min_lr=0.1", "--warmup_iters=9", cwd=tmp_path)
     assert [e["lr"] for e in events(tmp_path / "constant", "train")] == [1e-2] * 3
+    train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'step'}", "--max_iters=4", "--eval_interval=100",
+          "--lr_decay_iters=2", cwd=tmp_path)
+    assert [e["lr"] for e in events(tmp_path / "step", "train")] == pytest.approx(warmup + [1e-2, 1e-3], rel=1e-12)
 
 
 def test_grad_clip_bounds_the_gradient_norm_and_0_turns_it_off(data, tmp_path):
@@ -952,6 +957,11 @@ def bad_inputs(data, tmp_path):
         "negative seed": (["--seed=-1"], "seed=-1 must not be negative"),
         "seed past 64 bits": (["--seed=18446744073709551616"], f"does not fit a 64-bit generator: use one from 0 to {2**63 - 1}"),
         "negative min_lr": (["--min_lr=-1e-4"], "min_lr=-0.0001 must not be negative"),
+        # (a schedule that would train, refused: --max_iters=1, so that a run let through ends soon)
+        "min_lr above learning_rate": (["--min_lr=0.1", "--max_iters=1"], "min_lr=0.1 is above learning_rate=0.01: the "
+                                                                          "decay would raise the rate; set min_lr"),
+        "warmup past the decay's end": (["--warmup_iters=9", "--max_iters=1"], "warmup_iters=9 is more than "
+                                                                               "lr_decay_iters=8: the warmup would run past"),
         "negative peak": (["--peak_tflops=-5.0"], "peak_tflops=-5.0 must not be negative"),  # (not: MFU against another peak)
         "beta past 1": (["--beta1=1.5"], "beta1=1.5 is one of AdamW's decay rates"),
         "beta of 1": (["--beta2=1.0"], "beta2=1.0 is one of AdamW's decay rates"),
