@@ -165,6 +165,33 @@ def lock_folder(folder, hold=True):
     return True  # (fd stays open while held: closing it would release the lock)
 
 
+def make_folders(folder):
+    """mkdir -p folder: returns the folders this call made, outermost first ([] where folder was there). Each
+    is made by a mkdir of its own, so a folder another process made at the same moment is never counted here."""
+    folder, missing = Path(folder), []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    made = []
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+            made.append(folder)
+        except FileExistsError:  # (made by another process in between: its own)
+            pass
+    return made
+
+
+def remove_empty_folders(made):
+    """Take back the folders make_folders made, innermost first, as long as they are empty: a folder anything
+    was written into stays, and so do the folders around it (rmdir removes an empty folder and nothing else)."""
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or already gone)
+            return
+
+
 def durable_replace(src, dst):
     """os.replace(src, dst) that survives a power cut. A rename can reach the disk before the bytes it
     names, and a power cut then leaves an empty file under dst: so src's bytes are fsynced first, and

@@ -11,6 +11,7 @@ Started by torchrun it trains with DDP (NCCL on GPUs, gloo on CPUs), on any numb
 filesystem (data/ and out_dir).
 """
 
+import atexit
 import difflib
 import inspect
 import json
@@ -30,8 +31,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
 from common import (MAX_SEED, NonFiniteLosses, ReaderMayLeave, allow_tf32, autocast, bind_device, cannot_write, die,
-                    first_line, hms, lock_folder, once_per_node, peak_flops, process_group_options, provenance,
-                    resolve_device, resolve_dtype, routing_summary)
+                    first_line, hms, lock_folder, make_folders, once_per_node, peak_flops, process_group_options,
+                    provenance, remove_empty_folders, resolve_device, resolve_dtype, routing_summary)
 from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
                         load_gpt2, load_state_into, save_checkpoint)
 from download import DownloadError
@@ -209,7 +210,9 @@ if not eval_only:  # (eval_only writes nothing there)
             problem = f"{path} is a folder" if problem == "it is a folder" else problem
             die(f"out_dir={out_dir} cannot be written: {problem}; choose another out_dir")
     if master:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # a run refused from here on (its data, its model, its checkpoint) leaves no empty out_dir behind: what
+        # it made is taken back at exit, if nothing was written there (a run that starts writes its log at once)
+        atexit.register(remove_empty_folders, make_folders(out_dir))
     # one run writes an out_dir at a time: a second train.py there (a command started twice, a grid rerun while
     # a run it lost track of still trains) would interleave the logs and race the checkpoints
     locked = lock_folder(out_dir) if master else None

@@ -983,6 +983,21 @@ def test_bad_inputs_are_one_line_errors(data, tmp_path):
         assert result.returncode != 0, name
         assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), (name, result.stderr)
         assert message in result.stderr, (name, result.stderr)
+        assert not (tmp_path / "out").exists(), name  # (refused after making it or before: no out_dir left behind)
+
+
+def test_a_refused_run_takes_back_the_out_dir_it_made(data, tmp_path):
+    """A run refused after it made its out_dir (here: a block_size longer than the data's shards, found once they
+    are read) removes the folders it made, every level of them, as they are still empty; a folder that was there
+    before stays."""
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'new' / 'out'}", "--block_size=5000",
+                   cwd=tmp_path, ok=False)
+    assert result.returncode == 1 and "hold no window of block_size + 1" in result.stderr
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "there").mkdir()
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'there'}", "--block_size=5000", cwd=tmp_path,
+                   ok=False)
+    assert result.returncode == 1 and (tmp_path / "there").is_dir()
 
 
 def test_an_out_dir_that_cannot_be_written_is_refused_before_training(data, tmp_path):
