@@ -121,6 +121,20 @@ def clean_state_dict(state_dict):
 
 
 DEFAULT_ARGS = asdict(GPTConfig())  # what a checkpoint's model_args lacks (GPT-2's: every routing setting)
+# the model's shape: every checkpoint train.py, fold.py or nanoGPT writes gives it, and no default can stand in for
+# it (GPTConfig's are GPT-2 small's; and n_head shows in no weight's shape, so a wrong one would load silently)
+SHAPE_ARGS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
+
+
+def checkpoint_model_args(ckpt, path):
+    """Every GPTConfig field of the model in ckpt, the checkpoint read from path. A field its model_args lack
+    takes its default, as nanoGPT's checkpoints need (no routing or low-rank settings: standard and dense), and
+    ours from before a field was added (fixed_value_route: False); a shape field lacking is a ValueError naming it."""
+    lacking = [k for k in SHAPE_ARGS if k not in ckpt["model_args"]]
+    if lacking:
+        raise ValueError(f"{path} has no {', '.join(lacking)} in its model_args: the model's shape, which no default can "
+                         "stand for; use a checkpoint written by train.py, fold.py or nanoGPT (or add the value there)")
+    return {**DEFAULT_ARGS, **ckpt["model_args"]}
 
 
 def load_state_into(model, state_dict):
@@ -179,9 +193,7 @@ def load_model(path, device="cpu", **overrides):
     read into CPU memory and only the model moves to the device: mapped there directly, its AdamW
     state would take twice the model's GPU memory (and the GPU it was saved from, which may be busy)."""
     ckpt = load_checkpoint(path, map_location="cpu")
-    model_args = dict(ckpt["model_args"])
-    model_args.update(overrides)
-    model = GPT(GPTConfig.from_dict(model_args))
+    model = GPT(GPTConfig.from_dict({**checkpoint_model_args(ckpt, path), **overrides}))
     load_state_into(model, ckpt["model"])
     return model.to(device), ckpt
 

@@ -33,8 +33,8 @@ import configurator
 from common import (MAX_SEED, NonFiniteLosses, ReaderMayLeave, allow_tf32, autocast, bind_device, cannot_write, die,
                     first_line, hms, lock_folder, make_folders, once_per_node, peak_flops, process_group_options,
                     provenance, remove_empty_folders, resolve_device, resolve_dtype, routing_summary)
-from checkpoint import (DEFAULT_ARGS, GPT2_CONFIGS, clean_state_dict, converts_exactly, download_gpt2, load_checkpoint,
-                        load_gpt2, load_state_into, save_checkpoint)
+from checkpoint import (GPT2_CONFIGS, checkpoint_model_args, clean_state_dict, converts_exactly, download_gpt2,
+                        load_checkpoint, load_gpt2, load_state_into, save_checkpoint)
 from download import DownloadError
 from model import GPT, GPTConfig
 from prepare import DATA_ROOT, DATASETS, prepare
@@ -328,12 +328,14 @@ if init_from == "scratch":
     if vocab_size == 0:
         model_args["vocab_size"] = -(-meta["vocab_size"] // 64) * 64  # a multiple of 64 is faster
 elif init_from == "resume":  # (the checkpoint is loaded above, with the run's settings)
-    model_args, state = ckpt["model_args"], ckpt["model"]
+    try:
+        model_args, state = checkpoint_model_args(ckpt, ckpt_path), ckpt["model"]  # (a field added since: its default)
+    except ValueError as e:
+        die(e)
     for k, v in model_overrides.items():
-        was = model_args.get(k, DEFAULT_ARGS[k])  # (a checkpoint from before a GPTConfig field: its default)
-        if v != was and k != "dropout":
+        if v != model_args[k] and k != "dropout":
             die(f"init_from=resume continues the run in {out_dir} as it was, but {k}={v!r} differs from its "
-                f"{was!r}: drop {k}, or {new_run_from_it}")
+                f"{model_args[k]!r}: drop {k}, or {new_run_from_it}")
     model_args = {**model_args, **model_overrides}
     iter_num, best_val_loss, log_bytes = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log_bytes"]
     source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
@@ -354,7 +356,7 @@ else:  # a checkpoint of any mode, or GPT-2: loaded into the configured mode (RE
             # take GPU memory beside the model's
             ckpt = load_checkpoint(init_from, map_location="cpu")
             # nanoGPT saves its compiled model, whose names start with _orig_mod., and no routing settings
-            source_args, state = {**DEFAULT_ARGS, **ckpt["model_args"]}, clean_state_dict(ckpt["model"])
+            source_args, state = checkpoint_model_args(ckpt, init_from), clean_state_dict(ckpt["model"])
             source_tokenizer = ckpt.get("dataset_meta", {}).get("tokenizer")
             source_dataset = ckpt.get("config", {}).get("dataset")
             if eval_only and source_dataset not in (None, dataset) and master:  # (fine-tuning on other data is the point)

@@ -541,6 +541,26 @@ def test_weights_that_are_not_finite_are_one_line(tmp_path, capsys):
             "that wrote it diverged, or the file was changed; use another checkpoint\n"), err
 
 
+def test_a_checkpoint_without_its_shape_is_one_line_and_one_from_before_a_field_loads(tmp_path, capsys):
+    """A checkpoint whose model_args lack a field of the model's shape is refused in one line naming it, by sample.py
+    and fold.py alike: here n_head, at a width (48) that GPTConfig's default of 12 heads divides too, where it would
+    load silently as another model. A field added to GPTConfig since (fixed_value_route) takes its default."""
+    path = write_ckpt(tmp_path / "ckpt.pt", n_embd=48, n_head=4, **DLR)
+    ckpt = load_checkpoint(path)
+    del ckpt["model_args"]["fixed_value_route"]
+    save_checkpoint(ckpt, path)
+    code, _, err = run(sample, ["--ckpt", path, "--num_samples=1", "--max_new_tokens=2"], capsys)
+    assert code == 0, err
+    del ckpt["model_args"]["n_head"]
+    save_checkpoint(ckpt, path)
+    for script, argv in ((sample, ["--ckpt", path, "--num_samples=1", "--max_new_tokens=2"]),
+                         (fold, ["--ckpt", path, "--out", tmp_path / "folded.pt"])):
+        code, out, err = run(script, argv, capsys)
+        assert code == 1 and out == "" and err == (
+            f"error: {path} has no n_head in its model_args: the model's shape, which no default can stand for; use a "
+            "checkpoint written by train.py, fold.py or nanoGPT (or add the value there)\n"), (script.__name__, err)
+
+
 def test_unknown_tokenizer_is_one_line(tmp_path, capsys):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", tokenizer="klingon")
     code, _, err = run(sample, ["--ckpt", ckpt], capsys)

@@ -389,7 +389,8 @@ def test_resume_refuses_every_setting_that_decides_batches_or_adamws_state(data,
 
 def test_resume_reads_a_checkpoint_from_before_a_model_setting(data, tmp_path):
     """A checkpoint whose model_args lack a GPTConfig field added since (here dlr_alpha) resumes with the field's
-    default; the field set again on the command line is compared with that default, not a KeyError."""
+    default; the field set again on the command line is compared with that default, not a KeyError. One that lacks
+    a field of the model's shape (here n_head, which no weight's shape shows) has no default to take: one line."""
     common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
     train(*common, "--max_iters=2", cwd=tmp_path)
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
@@ -399,6 +400,13 @@ def test_resume_reads_a_checkpoint_from_before_a_model_setting(data, tmp_path):
     result = train(*common, "--max_iters=4", "--init_from=resume", "--dlr_alpha=2.0", cwd=tmp_path, ok=False)
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert "dlr_alpha=2.0 differs from its 1.0" in result.stderr
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    del ckpt["model_args"]["n_head"]
+    save_checkpoint(ckpt, tmp_path / "ckpt.pt")
+    result = train(*common, "--max_iters=4", "--init_from=resume", cwd=tmp_path, ok=False)
+    assert result.returncode == 1 and result.stderr == (
+        f"error: {tmp_path / 'ckpt.pt'} has no n_head in its model_args: the model's shape, which no default can stand "
+        "for; use a checkpoint written by train.py, fold.py or nanoGPT (or add the value there)\n")
 
 
 def test_data_changed_under_a_run_is_refused(tmp_path):
@@ -937,6 +945,9 @@ def test_a_stop_with_always_save_checkpoint_false_keeps_the_best_checkpoint(data
 def bad_inputs(data, tmp_path):
     """(arguments, what the one-line error says) for every kind of bad input."""
     source = standard_checkpoint(tmp_path / "source.pt", data)
+    headless = load_checkpoint(source)  # (model_args without n_head, which no default can stand for)
+    del headless["model_args"]["n_head"]
+    save_checkpoint(headless, tmp_path / "headless.pt")
     wrong_data = make_dataset(tmp_path / "gpt2data", tokenizer="gpt2", vocab=VOCAB)
     nan_config = tmp_path / "nan_lr.py"  # (a config file: a command line cannot give nan)
     nan_config.write_text("learning_rate = float('nan')\n")
@@ -948,6 +959,8 @@ def bad_inputs(data, tmp_path):
         "vocab mismatch": (["--vocab_size=32"], "does not fit the model's vocab_size=32"),
         "tokenizer mismatch": ([f"--dataset={wrong_data}", f"--init_from={source}"], "trained on bytes tokens"),
         "shape mismatch": ([f"--init_from={source}", "--n_embd=48", "--n_head=2"], "do not match"),
+        "no n_head in model_args": ([f"--init_from={tmp_path / 'headless.pt'}", "--max_iters=0"],
+                                    f"{tmp_path / 'headless.pt'} has no n_head in its model_args"),
         "context past the source's": ([f"--init_from={source}", "--block_size=40"],
                                       "longer than the context of " + f"{source}, 32: set --block_size=32 or less"),
         "no checkpoint to resume": (["--init_from=resume"], "no checkpoint at"),
