@@ -134,7 +134,22 @@ def parse_args():
             if len(tiles) != 1:
                 p.error(f"--{option} takes one tile, not {getattr(args, option)!r}")
             setattr(args, option, tiles[0])
+    tiled = " and ".join(f"--{o}" for o in ("route_tile", "paired_route_tile") if getattr(args, o) is not None)
+    if tiled and not fused_route_runs(args):  # (a tile shapes the fused route's launches: the plain route ignores it)
+        plain = "--fused_route=false" if args.fused_route is False else f"--fused_route=auto on {args.device}"
+        p.error(f"{tiled}: the routes take model.py's plain route here ({plain}), which has no tile; leave out {tiled}")
     return args
+
+
+def fused_route_runs(args):
+    """Whether the rows' routes take the fused route (route_kernels.py), as GPT.route_implementation decides: with
+    --fused_route=true (where it cannot run, parse_args refuses it), or auto on a CUDA GPU that Triton compiles for."""
+    if args.fused_route is True:
+        return True
+    if args.fused_route is False or not args.device.startswith("cuda"):
+        return False
+    import route_kernels
+    return route_kernels.available(args.device)
 
 
 class SavedTensorBytes:
@@ -278,6 +293,7 @@ def plot_width(paths, out):
     import matplotlib.pyplot as plt
 
     runs = {}  # setting -> n_embd -> {(row, phase): ratio}
+    unplotted = []  # the files with none of PLOT_ROWS
     for path in paths:
         try:
             with open(path) as f:
@@ -297,6 +313,11 @@ def plot_width(paths, out):
         if width in runs.setdefault(setting, {}):
             die(f"two files for {setting} at n_embd={width} ({path} is the second); plot one run per width")
         runs[setting][width] = ratios
+        if not any(name in PLOT_ROWS for name, _ in ratios):
+            unplotted.append(path)
+    if unplotted:  # (each would add nothing to the figure; all of them, an empty figure)
+        die(f"{', '.join(map(str, unplotted))} hold{'s' if len(unplotted) == 1 else ''} none of the rows --plot draws "
+            f"({', '.join(PLOT_ROWS)}): give files of bench.py runs that have them (its default --rows=all runs them)")
 
     series = {}
     fig, axes = plt.subplots(len(runs), 2, figsize=(10, 2.8 * len(runs)), sharex=True, sharey=True, squeeze=False)

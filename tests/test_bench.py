@@ -131,12 +131,41 @@ def test_a_tile_option_left_out_keeps_route_kernels_setting(monkeypatch, options
     import bench
     import route_kernels
     monkeypatch.setattr(route_kernels, "PAIRED_TILE", (1024, 1, True))
-    monkeypatch.setattr(sys, "argv", ["bench.py", "--device=cpu", *options])
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--device=cpu", "--fused_route=true", *options])
     seen = []
     monkeypatch.setattr(bench, "run", lambda args: seen.append((route_kernels.tile_for(1), route_kernels.tile_for(2))))
     bench.main()
     assert seen == [(single, pair)]
     assert route_kernels.tile_for(1) == (4096, 4, False) and route_kernels.PAIRED_TILE == (1024, 1, True)  # restored
+
+
+@pytest.mark.parametrize("route", ["false", "auto"])
+def test_a_tile_where_no_fused_route_runs_is_a_usage_error(route, monkeypatch, capsys):
+    """--route_tile and --paired_route_tile shape the fused route's launches: where the routes take model.py's plain
+    route (--fused_route=false, or auto on a CPU) they would be ignored without a word, and are refused instead."""
+    import bench
+    for options in (["--route_tile=1024:1"], ["--paired_route_tile=64:1"], ["--route_tile=1024:1", "--paired_route_tile=64:1"]):
+        monkeypatch.setattr(sys, "argv", ["bench.py", *TINY, f"--fused_route={route}", *options])
+        with pytest.raises(SystemExit) as e:
+            bench.parse_args()
+        given = " and ".join(o.split("=")[0] for o in options)
+        plain = "--fused_route=false" if route == "false" else "--fused_route=auto on cpu"
+        assert e.value.code == 2 and capsys.readouterr().err.endswith(
+            f"error: {given}: the routes take model.py's plain route here ({plain}), which has no tile; leave out "
+            f"{given}\n")
+
+
+def test_auto_runs_the_fused_route_on_a_gpu_triton_compiles_for(monkeypatch):
+    """The tiles are taken where auto runs the fused route, as tools/gpu_check.sh gives them, and refused where
+    Triton cannot compile for the GPU (the model then takes the plain route); true runs it wherever it is taken."""
+    from argparse import Namespace
+
+    import bench
+    import route_kernels
+    for available in (True, False):
+        monkeypatch.setattr(route_kernels, "available", lambda device: available)
+        assert bench.fused_route_runs(Namespace(fused_route="auto", device="cuda:1")) is available
+        assert bench.fused_route_runs(Namespace(fused_route=True, device="cuda")) is True
 
 
 def test_an_unknown_row_is_a_one_line_error():
@@ -464,13 +493,23 @@ def test_plot_rejects_what_it_cannot_plot(report, tmp_path):
     other.write_text(json.dumps({"rows": []}))
     empty = tmp_path / "empty.json"  # JSON, but no object: was an AttributeError
     empty.write_text("[]")
+    # bench.py runs without a row --plot draws (--rows=standard,dense, say): an empty figure, were they all it had
+    unplotted = [tmp_path / "standard_32.json", tmp_path / "standard_64.json"]
+    for path, width in zip(unplotted, (32, 64)):
+        path.write_text(json.dumps({**report[0], "config": {**report[0]["config"], "n_embd": width},
+                                    "rows": [r for r in report[0]["rows"] if r["name"] in ("standard", "dense")]}))
     for args, message in [([f"--plot={tmp_path / 'a.png'}", str(run), str(run)], "two files for eager float32 at n_embd=32"),
+                          ([f"--plot={tmp_path / 'a.png'}", *map(str, unplotted)],
+                           f"error: {unplotted[0]}, {unplotted[1]} hold none of the rows --plot draws (attnres/res_blocks=0, "
+                           "attnres/res_blocks=4, rd/res_blocks=0)"),
+                          ([f"--plot={tmp_path / 'a.png'}", str(run), str(unplotted[1])], f"error: {unplotted[1]} holds none"),
                           ([f"--plot={tmp_path / 'a.png'}", str(other)], "is not a file written by bench.py --json"),
                           ([f"--plot={tmp_path / 'a.png'}", str(empty)], "is not a file written by bench.py --json (a JSON list"),
                           ([f"--plot={tmp_path / 'a.png'}", str(tmp_path / "missing.json")], "cannot read"),
                           ([str(run)], "--plot and JSON files go together")]:
         result = subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "a.png").exists()
 
 
 def test_a_plot_that_cannot_be_written_is_refused_before_the_inputs_are_read(report, tmp_path, monkeypatch, capsys):
