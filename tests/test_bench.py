@@ -19,7 +19,11 @@ TINY = ["--device=cpu", "--threads=1", "--n_layer=2", "--n_head=2", "--n_embd=32
 
 
 def run_bench(*args):
-    return subprocess.run([sys.executable, "bench.py", *TINY, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # TINY runs on the CPU, where --fused_route=true takes Triton's interpreter: chosen here, as on a machine with
+    # a GPU conftest.py leaves it off (the default, auto, takes the plain route on a CPU either way)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    return subprocess.run([sys.executable, "bench.py", *TINY, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +135,7 @@ def test_a_tile_option_left_out_keeps_route_kernels_setting(monkeypatch, options
     import bench
     import route_kernels
     monkeypatch.setattr(route_kernels, "PAIRED_TILE", (1024, 1, True))
+    monkeypatch.setattr(route_kernels, "available", lambda device: True)  # (on a CPU, also where the interpreter is off)
     monkeypatch.setattr(sys, "argv", ["bench.py", "--device=cpu", "--fused_route=true", *options])
     seen = []
     monkeypatch.setattr(bench, "run", lambda args: seen.append((route_kernels.tile_for(1), route_kernels.tile_for(2))))
