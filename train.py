@@ -181,7 +181,11 @@ if seed > MAX_SEED:
 for key in ("beta1", "beta2"):
     if not 0 <= config[key] < 1:
         die(f"{key}={config[key]} is one of AdamW's decay rates: give one in [0, 1), e.g. 0.9 or 0.95")
-if decay_lr and not eval_only:  # the schedule get_lr follows (eval_only trains nothing: it has none to check)
+# the schedule get_lr follows, where this command chooses it: eval_only trains nothing, and a resumed run goes on
+# with the schedule it trained with (from before these checks, maybe) unless the command sets part of it again
+schedule_chosen = init_from != "resume" or bool({"decay_lr", "learning_rate", "min_lr", "warmup_iters",
+                                                  "lr_decay_iters"} & set(explicit))
+if decay_lr and not eval_only and schedule_chosen:
     # equal values are a schedule still: a constant rate, or a warmup straight into min_lr (a decay of no length)
     if min_lr > learning_rate:
         die(f"min_lr={min_lr} is above learning_rate={learning_rate}: the decay would raise the rate; set min_lr to at "

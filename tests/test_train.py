@@ -337,6 +337,21 @@ def test_dropout_set_again_on_resume_is_the_one_trained_with(data, tmp_path):
     assert ckpt["iter_num"] == 4 and ckpt["model_args"]["dropout"] == 0.0
 
 
+def test_a_run_resumes_with_the_schedule_it_trained_with(data, tmp_path):
+    """A run trained before train.py refused a warmup past lr_decay_iters (here written into its checkpoint) resumes
+    with its schedule as it was; setting part of the schedule again is this command's choice, and checked."""
+    common = [*TINY, f"--dataset={data}", f"--out_dir={tmp_path}", "--eval_interval=2"]
+    train(*common, "--max_iters=2", cwd=tmp_path)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    ckpt["config"]["warmup_iters"] = 10  # past TINY's lr_decay_iters=8
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    train("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=3", cwd=tmp_path)
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 3
+    result = train("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=4", "--lr_decay_iters=9", cwd=tmp_path,
+                   ok=False)
+    assert result.returncode == 1 and result.stderr.startswith("error: warmup_iters=10 is more than lr_decay_iters=9")
+
+
 @pytest.fixture(scope="module")
 def two_iterations(data, tmp_path_factory):
     """A run trained 2 iterations, which the refused resumes below only read (each checks it is kept whole):
