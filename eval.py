@@ -26,6 +26,7 @@ once (the datasets library keeps a copy).
 
 import argparse
 import difflib
+import inspect
 import json
 import sys
 from dataclasses import asdict
@@ -266,11 +267,14 @@ def skipped_yaml(folder, name):
 def harness_refusal(path):
     """Why the harness's task index leaves out the YAML at path, or None where it takes it: its own reading of
     a task file (lm-eval 0.4.13's, includes followed, !function tags not run), the error it skips the file
-    for. An lm-eval without that reader does not say why."""
+    for. An lm-eval without that reader, or with one called otherwise (private modules: they may change in any
+    release), does not say why: its error would be about this call, not about the file."""
     try:
         from lm_eval.tasks._index import TaskIndex
         from lm_eval.tasks._yaml_loader import load_yaml
-    except ImportError:
+        inspect.signature(load_yaml).bind(path, resolve_func=False)
+        inspect.signature(TaskIndex.process_cfg).bind({}, path, {})
+    except (ImportError, AttributeError, TypeError):
         return "lm-eval does not say why"
     try:
         TaskIndex.process_cfg(load_yaml(path, resolve_func=False), path, {})

@@ -537,6 +537,14 @@ def test_a_task_yaml_that_parses_but_that_lm_eval_skips_says_why(tasks, tmp_path
     with monkeypatch.context() as m:  # an lm-eval without 0.4.13's reader of a task file
         m.setitem(sys.modules, "lm_eval.tasks._yaml_loader", None)
         assert evaluate.skipped_yaml(folder, "mine") == f"{folder / 'mine.yaml'} parses, but lm-eval skips it (lm-eval does not say why)"
+    from lm_eval.tasks._index import TaskIndex
+    for changed in (None, staticmethod(lambda config: None)):  # a reader gone, or called otherwise, in another release
+        with monkeypatch.context() as m:  # (its error would be about the call, not about the file)
+            if changed is None:
+                m.delattr(TaskIndex, "process_cfg")
+            else:
+                m.setattr(TaskIndex, "process_cfg", changed)
+            assert evaluate.skipped_yaml(folder, "mine").endswith("(lm-eval does not say why)")
 
     ckpt = write_ckpt(tmp_path / "ckpt.pt", tiny_model("standard"))
     code, _, err, _ = run_main([f"--ckpt={ckpt}", "--tasks=mine", f"--include_path={folder}", "--device=cpu"], capsys)
