@@ -994,22 +994,19 @@ def evaluated(run_dir, tasks, limit):
     return record is not None and record.get("tasks") == tasks and record.get("limit") == limit  # (a dict: it has scores)
 
 
-def all_scored(plan, runs_dir, options):
-    """Whether every run of the plan has finished here and holds eval.py's scores on options' tasks and limit:
-    then --eval_tasks has nothing left to score (evaluate_runs scores the finished runs that do not)."""
+def to_score(plan, runs_dir, options):
+    """(the runs of the plan finished here, those of them eval.py has not scored on options' tasks and limit)."""
     tasks, limit = eval_task_names(options), options["eval_limit"] or None
-    run_dirs = [runs_dir / name / f"seed{seed}" for name, seed in plan]
-    return all(finished(read_log(run_dir)) and evaluated(run_dir, tasks, limit) for run_dir in run_dirs)
+    runs = [(n, s) for n, s in plan if finished(read_log(runs_dir / n / f"seed{s}"))]
+    return runs, [(n, s) for n, s in runs if not evaluated(runs_dir / n / f"seed{s}", tasks, limit)]
 
 
 def evaluate_runs(plan, runs_dir, options, env, publish):
     """eval.py on the checkpoint of every finished run of the plan not yet scored on options' tasks, one
     run at a time (eval.py batches its work itself), its output in run_dir/eval.log; a published run gets
     its scores published beside its log."""
-    tasks = eval_task_names(options)
-    limit = options["eval_limit"] or None
-    runs = [(n, s) for n, s in plan if finished(read_log(runs_dir / n / f"seed{s}"))]
-    todo = [(n, s) for n, s in runs if not evaluated(runs_dir / n / f"seed{s}", tasks, limit)]
+    tasks, limit = eval_task_names(options), options["eval_limit"] or None
+    runs, todo = to_score(plan, runs_dir, options)
     if todo:
         print(f"scoring {len(todo)} runs on {', '.join(tasks)} with eval.py ({len(runs) - len(todo)} scored before)", flush=True)
     for k, (name, seed) in enumerate(todo, 1):
@@ -1069,8 +1066,9 @@ def main(argv):
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
     plan = [(n, seed) for pt in points for seed in seeds for n in names if split_point(n)[0] == pt]
     # the tasks are checked before anything trains or is taken from --publish (a misspelt one found by eval.py
-    # would cost the grid's training first), unless nothing is left to score: lm-eval's task index takes 10-20 s
-    if options["eval_tasks"] and not options["report"] and not all_scored(plan, runs_dir, options):
+    # would cost the grid's training first), unless every run has finished and is scored on them (nothing is left
+    # to score): lm-eval's task index takes 10-20 s
+    if options["eval_tasks"] and not options["report"] and to_score(plan, runs_dir, options) != (plan, []):
         check_tasks(eval_task_names(options), options["eval_include_path"])
     if publish:  # a run finished elsewhere and published is taken as it is, never trained twice
         pairs = [(name, seed, runs_dir / name / f"seed{seed}", Path(publish) / "runs" / name / f"seed{seed}")
