@@ -132,8 +132,9 @@ def checkpoint_model_args(ckpt, path):
     ours from before a field was added (fixed_value_route: False); a shape field lacking is a ValueError naming it."""
     lacking = [k for k in SHAPE_ARGS if k not in ckpt["model_args"]]
     if lacking:
-        raise ValueError(f"{path} has no {', '.join(lacking)} in its model_args: the model's shape, which no default can "
-                         "stand for; use a checkpoint written by train.py, fold.py or nanoGPT (or add the value there)")
+        raise ValueError(f"{path} has no {' or '.join(lacking)} in its model_args: the model's shape, which no default "
+                         "can stand for; use a checkpoint written by train.py, fold.py or nanoGPT (or add the value to "
+                         "its model_args)")
     return {**DEFAULT_ARGS, **ckpt["model_args"]}
 
 

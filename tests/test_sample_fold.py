@@ -558,7 +558,7 @@ def test_a_checkpoint_without_its_shape_is_one_line_and_one_from_before_a_field_
         code, out, err = run(script, argv, capsys)
         assert code == 1 and out == "" and err == (
             f"error: {path} has no n_head in its model_args: the model's shape, which no default can stand for; use a "
-            "checkpoint written by train.py, fold.py or nanoGPT (or add the value there)\n"), (script.__name__, err)
+            "checkpoint written by train.py, fold.py or nanoGPT (or add the value to its model_args)\n"), (script.__name__, err)
 
 
 def test_unknown_tokenizer_is_one_line(tmp_path, capsys):

@@ -421,7 +421,7 @@ def test_resume_reads_a_checkpoint_from_before_a_model_setting(data, tmp_path):
     result = train(*common, "--max_iters=4", "--init_from=resume", cwd=tmp_path, ok=False)
     assert result.returncode == 1 and result.stderr == (
         f"error: {tmp_path / 'ckpt.pt'} has no n_head in its model_args: the model's shape, which no default can stand "
-        "for; use a checkpoint written by train.py, fold.py or nanoGPT (or add the value there)\n")
+        "for; use a checkpoint written by train.py, fold.py or nanoGPT (or add the value to its model_args)\n")
 
 
 def test_data_changed_under_a_run_is_refused(tmp_path):
