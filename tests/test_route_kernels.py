@@ -583,7 +583,16 @@ def test_the_interpreter_is_what_the_kernels_were_made_with():
               "print(k.available('cpu'), k.interpreted())")
     run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.split() == ["False", "False"], run.stderr[-2000:]
-    assert kernels.available("cpu") and kernels.interpreted()  # these tests: set before the import (conftest.py)
+    if DEVICE == "cpu":
+        assert kernels.available("cpu") and kernels.interpreted()  # these tests: set before the import (conftest.py)
+        return
+    # with a GPU conftest.py leaves the interpreter off (these tests run the compiled kernels): set before the
+    # import, in a process of its own
+    assert not kernels.interpreted()
+    script = "import route_kernels as k; print(k.available('cpu'), k.interpreted())"
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=dict(env, TRITON_INTERPRET="1"),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["True", "True"], run.stderr[-2000:]
 
 
 def test_auto_falls_back_to_the_plain_route_with_a_warning(monkeypatch):
