@@ -467,7 +467,9 @@ def test_routing_table_has_a_row_per_route(tmp_path, capsys, monkeypatch):
     ckpt = write_ckpt(tmp_path / "ckpt.pt", residual="rd")
     routing_table, reported = sample.routing_table, []
     monkeypatch.setattr(sample, "routing_table", lambda model, stats, n: reported.append(stats) or routing_table(model, stats, n))
-    code, out, _ = run(sample, ["--ckpt", ckpt, "--routing", "--num_samples=0", "--start=The routing of a prompt"], capsys)
+    # on the CPU in float32, as the forward below that the table is checked against (auto: CUDA's bfloat16 on a GPU)
+    code, out, _ = run(sample, ["--ckpt", ckpt, "--routing", "--num_samples=0", "--start=The routing of a prompt",
+                                "--device=cpu"], capsys)
     assert code == 0
     model, _ = load_model(ckpt)
     model.eval()(torch.tensor([list(b"The routing of a prompt")]), collect_routing=True)
@@ -503,7 +505,7 @@ def test_init_from_gpt2_decodes_with_gpt2(capsys, monkeypatch, gpt2_offline):
     calls = []
     monkeypatch.setattr(checkpoint, "load_gpt2", lambda *args: calls.append(args) or (model_args(model), model.state_dict()))
     code, out, _ = run(sample, ["--init_from=gpt2", "--start=Hello, world", "--temperature=0",
-                                "--num_samples=1", "--max_new_tokens=8"], capsys)
+                                "--num_samples=1", "--max_new_tokens=8", "--device=cpu"], capsys)  # as model.generate below
     assert code == 0 and calls == [("gpt2", "cache")]
     ids = model.generate(torch.tensor([get_tokenizer("gpt2").encode("Hello, world")]), 8, temperature=0)
     assert out == get_tokenizer("gpt2").decode(ids[0].tolist()) + "\n---------------\n"
