@@ -345,10 +345,10 @@ def test_a_run_resumes_with_the_schedule_it_trained_with(data, tmp_path):
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     ckpt["config"]["warmup_iters"] = 10  # past TINY's lr_decay_iters=8
     torch.save(ckpt, tmp_path / "ckpt.pt")
-    train("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=3", cwd=tmp_path)
+    train("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=3", "--device=cpu", cwd=tmp_path)
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 3
-    result = train("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=4", "--lr_decay_iters=9", cwd=tmp_path,
-                   ok=False)
+    result = train("--init_from=resume", f"--out_dir={tmp_path}", "--max_iters=4", "--lr_decay_iters=9", "--device=cpu",
+                   cwd=tmp_path, ok=False)
     assert result.returncode == 1 and result.stderr.startswith("error: warmup_iters=10 is more than lr_decay_iters=9")
 
 
