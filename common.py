@@ -135,6 +135,8 @@ def cannot_write(path):
         if path.is_dir():
             return "it is a folder"
         while not folder.exists():
+            if folder.is_symlink():  # (no folder can be made where a link stands)
+                return f"{folder} is a link to {os.readlink(folder)}, which is not there"
             folder = folder.parent
         if not folder.is_dir():
             return f"{folder} is a file, not a folder"

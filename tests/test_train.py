@@ -1029,13 +1029,16 @@ def test_a_refused_run_takes_back_the_out_dir_it_made(data, tmp_path):
 
 
 def test_an_out_dir_that_cannot_be_written_is_refused_before_training(data, tmp_path):
-    """out_dir is tried before any work: a path through a file, a file, or a folder where the checkpoint or the log
-    goes, is one line naming it (not a traceback)."""
+    """out_dir is tried before any work: a path through a file, a file, a link to a folder that is not there, or a
+    folder where the checkpoint or the log goes, is one line naming it (not a traceback)."""
     (tmp_path / "a_file").write_text("")
+    (tmp_path / "a_link").symlink_to(tmp_path / "nowhere")
     for name in ("ckpt.pt", "log.jsonl"):
         (tmp_path / f"folder_at_{name}" / name).mkdir(parents=True)
     for out_dir, problem in ((tmp_path / "a_file" / "out", f"{tmp_path / 'a_file'} is a file"),
                              (tmp_path / "a_file", f"{tmp_path / 'a_file'} is a file"),
+                             (tmp_path / "a_link", f"{tmp_path / 'a_link'} is a link to {tmp_path / 'nowhere'}, which is "
+                                                   "not there"),
                              *((tmp_path / f"folder_at_{name}", f"{tmp_path / f'folder_at_{name}' / name} is a folder")
                                for name in ("ckpt.pt", "log.jsonl"))):
         result = train(*TINY, f"--dataset={data}", f"--out_dir={out_dir}", "--max_iters=1", cwd=tmp_path, ok=False)
