@@ -1058,9 +1058,9 @@ def main(argv):
     env = run_env(jobs)
     gpus = visible_gpus(env)
     writable(compare_dir, "out_dir")  # now, not after a timing probe or hours of training
-    if publish:
-        writable(publish, "publish")
+    if publish:  # (inside first: a link into the grid's folder, not made yet, is a link to nowhere until it is)
         outside(publish, compare_dir)
+        writable(publish, "publish")
 
     # value by value, seed by seed: each value's comparison completes before the next (costlier) one starts
     points = list(dict.fromkeys(split_point(n)[0] for n in names))
