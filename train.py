@@ -219,7 +219,11 @@ if not eval_only:  # (eval_only writes nothing there)
         atexit.register(remove_empty_folders, make_folders(out_dir))
     # one run writes an out_dir at a time: a second train.py there (a command started twice, a grid rerun while
     # a run it lost track of still trains) would interleave the logs and race the checkpoints
-    locked = lock_folder(out_dir) if master else None
+    try:
+        locked = lock_folder(out_dir) if master else None
+    except FileNotFoundError:  # (another train.py, refused there a moment ago, took back the out_dir it had made)
+        die(f"out_dir={out_dir} was removed as this run started (by another train.py refused there?): run the command "
+            "again")
     if locked is False:
         die(f"another train.py is running in {out_dir}: wait for it to end or stop it, or use another out_dir")
     if locked:  # no other train.py writes here, so a temporary checkpoint is a save cut short by a kill (as big as

@@ -1028,6 +1028,31 @@ def test_a_refused_run_takes_back_the_out_dir_it_made(data, tmp_path):
     assert result.returncode == 1 and (tmp_path / "there").is_dir()
 
 
+REMOVED_BEFORE_THE_LOCK = """
+import os, runpy, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+import common
+lock = common.lock_folder
+def removed_first(folder, hold=True):
+    os.rmdir(folder)  # as another train.py, refused there, takes back the out_dir it made
+    return lock(folder, hold)
+common.lock_folder = removed_first
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_an_out_dir_removed_as_the_run_starts_is_one_line(data, tmp_path):
+    """Two train.py started at once in a new out_dir: the first makes it, is refused and takes it back, while the
+    second, which found it there, is about to lock it. The second then stops in one line, not a traceback."""
+    (tmp_path / "out").mkdir()
+    result = train(*TINY, f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1", cwd=tmp_path, ok=False,
+                   command=(sys.executable, "-c", REMOVED_BEFORE_THE_LOCK, str(TRAIN)))
+    assert result.returncode == 1 and result.stderr == (
+        f"error: out_dir={tmp_path / 'out'} was removed as this run started (by another train.py refused there?): run "
+        "the command again\n")
+
+
 def test_an_out_dir_that_cannot_be_written_is_refused_before_training(data, tmp_path):
     """out_dir is tried before any work: a path through a file, a file, a link to a folder that is not there, or a
     folder where the checkpoint or the log goes, is one line naming it (not a traceback)."""
